@@ -1,0 +1,1 @@
+"""One module per ``melchior`` subcommand, imported only when that command runs."""

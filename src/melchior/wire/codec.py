@@ -1,0 +1,65 @@
+"""Strict JSON encoding shared by every transport.
+
+JSON is the encoding, not a transport: all three transports hand bytes here and
+get back one JSON object, or a :class:`WireError` that says what was wrong in words
+a user can act on. Decoding is strict (UTF-8 only, objects only, no NaN) because a
+lenient reader on one side of a wire is how two sides drift apart silently.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+JSONObject = dict[str, Any]
+
+
+class WireError(Exception):
+    """A message could not be read or is not allowed on the wire.
+
+    ``fatal`` is true when the framing itself is lost (a bad length, EOF inside a
+    frame): the connection cannot be resynchronised and must close after the
+    refusal is sent. Non-fatal errors leave the stream usable.
+    """
+
+    def __init__(self, reason: str, *, code: str = "refused", fatal: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.fatal = fatal
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def encode(obj: JSONObject) -> bytes:
+    """Encode one top-level object as compact UTF-8 JSON."""
+    if not isinstance(obj, dict):
+        raise WireError(f"only JSON objects go on the wire, not {type(obj).__name__}")
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"message cannot be encoded as JSON: {exc}") from None
+    return text.encode("utf-8")
+
+
+def decode(data: bytes) -> JSONObject:
+    """Decode one message; anything but a UTF-8 JSON object is a non-fatal WireError."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(
+            f"message is not valid UTF-8 (bad byte at offset {exc.start})", code="bad-encoding"
+        ) from None
+    if text.startswith("\ufeff"):
+        raise WireError("message starts with a byte-order mark; send plain UTF-8", code="bad-json")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"message is not JSON: {exc}", code="bad-json") from None
+    if not isinstance(value, dict):
+        raise WireError(
+            f"message must be a JSON object, got {type(value).__name__}", code="not-an-object"
+        )
+    return value
