@@ -1,0 +1,329 @@
+"""The store contract every backend keeps, and the values that cross it.
+
+The store is synchronous on purpose: SQLite has no async driver worth its risk,
+the queue's correctness lives in single SQL statements rather than in Python, and
+a relay calls it from a worker thread. Payloads cross this boundary as raw JSON
+*text* and come back byte-for-byte, because a relay must carry what it was given
+(a float-happy decode/encode turns 12345678901234567890 into 1.2345678901234567e+19).
+
+Queue rules (ARCHITECTURE §5; each is a test on both backends):
+1. at most one valid lease per task: ``lease_epoch`` fences renew/complete/fail;
+2. the attempt is counted at claim; expiry past ``max_attempts`` → failed;
+3. tasks sharing a ``session_key`` run one at a time, in order;
+4. a recorded success is final (reporting retries, execution never re-runs);
+5. complete is idempotent (same epoch → DUPLICATE; stale epoch → LEASE_LOST);
+6. cancel revokes the lease; the receiver learns on its next renew (or via notify);
+7. lease maths on the database clock; TTL comfortably above the renew interval.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class TaskState(enum.StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    INPUT_REQUIRED = "input_required"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+class Outcome(enum.StrEnum):
+    """What a fenced write (renew/progress/complete/fail/cancel-ack) came to."""
+
+    OK = "ok"
+    DUPLICATE = "duplicate"  # the same epoch already recorded this very outcome
+    LEASE_LOST = "lease-lost"  # stale epoch, expired-and-reclaimed, or cancelled
+    NOT_FOUND = "not-found"
+
+
+class CredentialKind(enum.StrEnum):
+    OWNER = "owner"
+    AGENT = "agent"
+
+
+@dataclass(frozen=True)
+class Capability:
+    id: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Agent:
+    workspace: str
+    id: str  # workspace-scoped, e.g. "local/codex"
+    description: str
+    capabilities: tuple[Capability, ...]
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a presented credential is. Owners act for the workspace; agents for themselves."""
+
+    workspace: str
+    kind: CredentialKind
+    subject: str  # member name for owners, agent id for agents
+    credential_id: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    id: str
+    workspace: str
+    caller: str
+    receiver: str
+    capabilities: tuple[str, ...]
+    created_at: str
+    revoked_at: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    seq: int
+    workspace: str
+    at: str
+    actor: str  # "owner:alice", "agent:local/codex", "relay"
+    action: str  # "grant.add", "task.accept", "task.refuse", "task.claim", "lease.lost", ...
+    subject: str  # what it was about: an agent id, grant id or task id
+    allowed: bool
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A task as accepted at the door, before it is stored."""
+
+    workspace: str
+    caller: str
+    receiver: str
+    capability: str
+    payload: str  # raw JSON text of the request message, stored and returned verbatim
+    metadata: str = "{}"  # raw JSON text
+    context_id: str | None = None
+    message_id: str | None = None  # dedupe key per (workspace, caller)
+    session_key: str | None = None  # tasks sharing one run one at a time, in order
+    chain: str = ""
+    hop: int = 1
+    path: tuple[str, ...] = ()
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    workspace: str
+    caller: str
+    receiver: str
+    capability: str
+    context_id: str
+    state: TaskState
+    payload: str
+    metadata: str
+    message_id: str | None
+    session_key: str | None
+    chain: str
+    hop: int
+    path: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+    lease_epoch: int
+    lease_owner: str | None
+    lease_expires_at: str | None
+    result: str | None  # raw JSON text recorded by complete()
+    error: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    task: Task
+    epoch: int
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """A stored progress/status/artifact event, in order, so streams can reconnect losslessly."""
+
+    seq: int
+    task_id: str
+    at: str
+    kind: str  # "status" | "artifact" | "message"
+    body: str  # raw JSON text
+
+
+class Store(Protocol):
+    """Everything the relay keeps. Every method is one transaction."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def migrate(self) -> int:
+        """Apply pending schema migrations; return the schema version now in force."""
+        ...
+
+    def close(self) -> None: ...
+
+    def now(self) -> str:
+        """The database clock (ISO-8601 UTC); lease maths never uses the caller's clock."""
+        ...
+
+    # -- workspaces and credentials -------------------------------------------------------------
+    def ensure_workspace(self, workspace: str) -> bool:
+        """Create the workspace if missing; True when it was created now."""
+        ...
+
+    def add_credential(
+        self,
+        workspace: str,
+        kind: CredentialKind,
+        subject: str,
+        token_hash: str,
+        expires_at: str | None = None,
+    ) -> str:
+        """Store a credential by its hash only; return its id."""
+        ...
+
+    def principal_for(self, token_hash: str) -> Principal | None:
+        """The live (unrevoked, unexpired) credential with this hash, else None."""
+        ...
+
+    def revoke_credential(self, workspace: str, credential_id: str) -> bool: ...
+
+    # -- agents and enrollment ------------------------------------------------------------------
+    def add_agent(
+        self, workspace: str, agent_id: str, description: str, capabilities: Sequence[Capability]
+    ) -> Agent: ...
+
+    def get_agent(self, workspace: str, agent_id: str) -> Agent | None: ...
+
+    def list_agents(self, workspace: str) -> list[Agent]: ...
+
+    def add_enrollment(
+        self, workspace: str, agent_id: str, code_hash: str, expires_at: str
+    ) -> None: ...
+
+    def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
+        """Mark a live, unused code used; return (workspace, agent_id) or None. One use only."""
+        ...
+
+    # -- grants -----------------------------------------------------------------------------
+    def add_grant(
+        self, workspace: str, caller: str, receiver: str, capabilities: Sequence[str]
+    ) -> Grant: ...
+
+    def revoke_grant(self, workspace: str, grant_id: str) -> bool: ...
+
+    def list_grants(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        include_revoked: bool = False,
+    ) -> list[Grant]: ...
+
+    def granted_capabilities(self, workspace: str, caller: str, receiver: str) -> set[str]:
+        """Capabilities ``caller`` may invoke on ``receiver`` (one direction only)."""
+        ...
+
+    # -- audit ------------------------------------------------------------------------------
+    def audit(
+        self,
+        workspace: str,
+        actor: str,
+        action: str,
+        subject: str,
+        allowed: bool,
+        rule: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> int: ...
+
+    def audit_since(
+        self, workspace: str, after_seq: int = 0, limit: int = 100
+    ) -> list[AuditRecord]: ...
+
+    # -- tasks: caller side -----------------------------------------------------------------------
+    def enqueue(self, task: NewTask) -> tuple[Task, bool]:
+        """Store a task; (task, created). A repeated (workspace, caller, message_id) returns the
+        existing task with created=False instead of a second one."""
+        ...
+
+    def get_task(self, workspace: str, task_id: str) -> Task | None: ...
+
+    def list_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        """Newest first; ``after`` is an opaque cursor (a task id) for pagination."""
+        ...
+
+    def cancel(self, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+        """Queued → cancelled at once; leased → cancelled with the lease revoked; terminal →
+        (task, DUPLICATE) if already cancelled else (task, LEASE_LOST) meaning not cancelable."""
+        ...
+
+    def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent: ...
+
+    def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]: ...
+
+    # -- tasks: receiver side (fenced) ----------------------------------------------------------
+    def claim(
+        self,
+        workspace: str,
+        receiver: str,
+        owner: str,
+        *,
+        limit: int = 1,
+        lease_seconds: float = 30.0,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable tasks for ``receiver``: queued ones whose run_after has
+        passed, plus leases that expired (attempt counted here; past max_attempts → failed), never
+        a second task of a session_key that has one leased, never out of session order."""
+        ...
+
+    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> Outcome: ...
+
+    def progress(self, task_id: str, epoch: int, kind: str, body: str) -> Outcome:
+        """Record a progress event under a live lease."""
+        ...
+
+    def complete(
+        self, task_id: str, epoch: int, result: str, *, input_required: bool = False
+    ) -> Outcome: ...
+
+    def fail(
+        self,
+        task_id: str,
+        epoch: int,
+        error: str,
+        *,
+        retryable: bool = True,
+        backoff_seconds: float = 1.0,
+    ) -> Outcome:
+        """Retryable with attempts left → queued again after a backoff; else failed."""
+        ...
+
+    def sweep(self) -> int:
+        """Fail expired leases that have no attempts left; return how many changed. Safe to run
+        on every replica at once."""
+        ...
