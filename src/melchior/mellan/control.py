@@ -1,0 +1,9 @@
+"""Routes of the relay (being built)."""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+
+def routes() -> list[BaseRoute]:
+    return []

@@ -1,0 +1,87 @@
+"""Wake-ups between the parts of a relay: a latency hint, never the truth.
+
+A receiver long-polling for work and a caller streaming a task wait on a topic;
+whoever changes the store publishes it. A missed or duplicated wake-up costs only
+latency, because every waiter re-reads the store when it wakes and also on a
+timer. On one process an in-memory hub is enough; several replicas on PostgreSQL
+use LISTEN/NOTIFY behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Protocol
+
+
+def receiver_topic(workspace: str, agent_id: str) -> str:
+    return f"receiver:{workspace}/{agent_id}"
+
+
+def task_topic(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+class Notifier(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def publish(self, topic: str) -> None:
+        """Wake every waiter on ``topic`` (on every replica, for networked notifiers)."""
+        ...
+
+    async def wait(self, topic: str, timeout: float) -> bool:
+        """Wait until ``topic`` is published or ``timeout`` passes; True if woken."""
+        ...
+
+
+class LocalNotifier:
+    """Wake-ups inside one process. Must be used from the event loop's thread, except
+    ``publish`` which is safe from worker threads."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    async def stop(self) -> None:
+        for events in self._waiters.values():
+            for ev in events:
+                ev.set()
+
+    def publish(self, topic: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._wake(topic)
+        else:
+            loop.call_soon_threadsafe(self._wake, topic)
+
+    def _wake(self, topic: str) -> None:
+        for ev in self._waiters.get(topic, ()):
+            ev.set()
+
+    async def wait(self, topic: str, timeout: float) -> bool:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        ev = asyncio.Event()
+        self._waiters[topic].add(ev)
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiters.get(topic)
+            if waiters is not None:
+                waiters.discard(ev)
+                if not waiters:
+                    del self._waiters[topic]

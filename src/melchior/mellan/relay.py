@@ -1,0 +1,30 @@
+"""What every request handler of a relay replica shares.
+
+The store is synchronous and is called from worker threads (``call``), so one slow
+query never stalls the event loop that is holding long-polls and streams open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+from melchior.mellan.notify import Notifier
+from melchior.mellan.store.base import Store
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class Relay:
+    store: Store
+    notifier: Notifier
+    public_url: str
+    max_body: int = 16 * 1024 * 1024
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_in_threadpool(fn, *args, **kwargs)
