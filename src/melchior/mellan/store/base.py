@@ -14,14 +14,49 @@ Queue rules (ARCHITECTURE §5; each is a test on both backends):
 5. complete is idempotent (same epoch → DUPLICATE; stale epoch → LEASE_LOST);
 6. cancel revokes the lease; the receiver learns on its next renew (or via notify);
 7. lease maths on the database clock; TTL comfortably above the renew interval.
+
+Wake-ups: a store never talks to a notifier itself. The relay hands it a callback with
+``set_publisher(notifier.publish)``; after each transaction *commits* the store calls it
+with ``receiver_topic(workspace, receiver)`` when work may have become claimable
+(enqueue, retry, reclaim, a session head finishing, a cancel freeing a session) and with
+``task_topic(task_id)`` on every task state change or stored event. The callback runs on
+the calling thread and must not block; a hint it drops costs only latency.
+
+Errors: :class:`StoreUnavailable` means the database could not be reached or the
+transaction could not be committed (connection lost, lock wait exhausted). Nothing of
+that call was written; the relay answers 503 and the next call tries afresh.
+:class:`NotFoundError` and :class:`Conflict` are refusals of the request itself.
+
+Cancel of a leased task: the task becomes ``cancelled`` at once (what the caller sees)
+and renew/progress/complete/fail for it answer LEASE_LOST from then on, but the task
+keeps its bound-session slot until the receiver acknowledges (``ack_cancel`` or any
+fenced write with its epoch) or a short grace lease runs out, so a receiver still
+stopping a process can never overlap the session's next task.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+
+class StoreError(Exception):
+    """Base of everything a store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The database is unreachable or the transaction did not commit; nothing was written.
+    Retrying later is right; the relay maps it to 503."""
+
+
+class NotFoundError(StoreError):
+    """A referenced workspace or agent does not exist (e.g. a grant for an unknown agent)."""
+
+
+class Conflict(StoreError):
+    """The thing already exists (e.g. an agent id taken in that workspace)."""
 
 
 class TaskState(enum.StrEnum):
@@ -179,6 +214,10 @@ class Store(Protocol):
         """The database clock (ISO-8601 UTC); lease maths never uses the caller's clock."""
         ...
 
+    def set_publisher(self, publish: Callable[[str], None] | None) -> None:
+        """Install the after-commit wake-up callback (usually ``notifier.publish``)."""
+        ...
+
     # -- workspaces and credentials -------------------------------------------------------------
     def ensure_workspace(self, workspace: str) -> bool:
         """Create the workspace if missing; True when it was created now."""
@@ -311,6 +350,17 @@ class Store(Protocol):
         self, task_id: str, epoch: int, result: str, *, input_required: bool = False
     ) -> Outcome: ...
 
+    def complete_many(self, items: Sequence[tuple[str, int, str]]) -> list[Outcome]:
+        """Record several successes ``(task_id, epoch, result)`` in one transaction (one
+        commit, one fsync); outcomes in input order, each as ``complete`` would answer."""
+        ...
+
+    def ack_cancel(self, task_id: str, epoch: int) -> Outcome:
+        """The receiver has stopped a cancelled task: release its session slot. OK the first
+        time, DUPLICATE after, LEASE_LOST for another epoch or a task that was not cancelled
+        while leased."""
+        ...
+
     def fail(
         self,
         task_id: str,
@@ -324,6 +374,7 @@ class Store(Protocol):
         ...
 
     def sweep(self) -> int:
-        """Fail expired leases that have no attempts left; return how many changed. Safe to run
-        on every replica at once."""
+        """Settle expired leases: no attempts left → failed, else queued again (epoch bumped,
+        so the old holder is fenced out); expired cancel grace → session slot released.
+        Return how many changed. Safe to run on every replica at once."""
         ...
