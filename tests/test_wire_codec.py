@@ -1,0 +1,53 @@
+"""Strict decoding: anything but a UTF-8 JSON object is a clear, non-fatal refusal."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from melchior.wire import WireError, decode, encode
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"\xff\xfe{}", "bad-encoding"),
+        (b'{"a":"\xc0\x80"}', "bad-encoding"),
+        (b"not json", "bad-json"),
+        (b"[1,2]", "not-an-object"),
+        (b'"text"', "not-an-object"),
+        (b'{"a":NaN}', "bad-json"),
+        (b"\xef\xbb\xbf{}", "bad-json"),
+        (b"{} {}", "bad-json"),
+    ],
+)
+def test_refusals_are_named(data: bytes, code: str) -> None:
+    with pytest.raises(WireError) as info:
+        decode(data)
+    assert info.value.code == code and not info.value.fatal
+
+
+def test_encode_refuses_non_objects_and_nan() -> None:
+    with pytest.raises(WireError):
+        encode([1])  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="cannot be encoded"):
+        encode({"x": float("nan")})
+
+
+def test_big_integers_survive() -> None:
+    assert decode(encode({"n": 12345678901234567890}))["n"] == 12345678901234567890
+
+
+def test_unicode_is_utf8_not_escaped() -> None:
+    assert encode({"t": "ψ\u2028"}) == '{"t":"ψ\u2028"}'.encode()
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_give_a_value_or_a_wire_error(data: bytes) -> None:
+    try:
+        value = decode(data)
+    except WireError as exc:
+        assert exc.reason
+    else:
+        assert isinstance(value, dict)
