@@ -6,6 +6,9 @@ holds the shared :class:`~melchior.mellan.relay.Relay`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +19,8 @@ from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.relay import Relay
 
+log = logging.getLogger("melchior.mellan")
+
 
 async def healthz(request: Request) -> JSONResponse:
     relay: Relay = request.app.state.relay
@@ -24,6 +29,25 @@ async def healthz(request: Request) -> JSONResponse:
     except Exception as exc:  # the database is the relay's heart; say so plainly
         return JSONResponse({"ok": False, "error": f"database unavailable: {exc}"}, 503)
     return JSONResponse({"ok": True, "now": now})
+
+
+async def sweep_leases(relay: Relay) -> None:
+    """Fail expired leases that have no attempts left, every ``relay.sweep_interval``.
+
+    Runs on every replica: the store's sweep is a single conditional statement, so two
+    replicas sweeping at once do no double work. Reclaiming expired leases with attempts
+    left needs no sweeper (claim does it); this only makes spent tasks visibly *failed*
+    even when no receiver comes back. A database outage is logged and retried.
+    """
+    while True:
+        await asyncio.sleep(relay.sweep_interval)
+        try:
+            changed = await relay.call(relay.store.sweep)
+        except Exception as exc:
+            log.warning("lease sweep failed (will retry): %s", exc)
+            continue
+        if changed:
+            log.info("lease sweep: %d expired task(s) out of attempts marked failed", changed)
 
 
 def create_app(relay: Relay) -> Starlette:
@@ -37,9 +61,13 @@ def create_app(relay: Relay) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await relay.notifier.start()
+        sweeper = asyncio.create_task(sweep_leases(relay), name="mellan-lease-sweeper")
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await relay.notifier.stop()
 
     app = Starlette(routes=routes, lifespan=lifespan)

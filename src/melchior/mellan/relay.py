@@ -25,6 +25,10 @@ class Relay:
     notifier: Notifier
     public_url: str
     max_body: int = 16 * 1024 * 1024
+    poll_interval: float = 1.0
+    """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
+    sweep_interval: float = 5.0
+    """Seconds between lease sweeps (every replica sweeps; the store makes that safe)."""
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)
