@@ -1,0 +1,80 @@
+"""The vocabulary a model calls, one exec per request.
+
+  melchior tool --verb=who
+  melchior tool --verb=status [--who=ID]
+  melchior tool --verb=tell --who=ID --message=TEXT [--sort=attention|note]
+  melchior tool --verb=ask --who=ID --message=TEXT
+  melchior tool --verb=answer --about=ID@MSG --message=TEXT
+  melchior tool --verb=task --about=ID@MSG        (or a child's bare id: its status)
+  melchior tool --verb=report --message=TEXT      (or --about=- to read stdin)
+  melchior tool --verb=report --who=ID [--page=N] [--about=json]
+  melchior tool --verb=end --who=ID
+  melchior tool --schema
+
+Prints one JSON reply {"ok","family","n","result"} on stdout; a refusal is
+{"ok":false,…,"error":{"code","reason",…}} with exit status 1 (2 for a malformed
+request). The caller is $MAGI_MELCHIOR_ID in $MAGI_MELCHIOR_PROJECT; without it the
+caller is the operator (who, status, tell and reading reports only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _page(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a page number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("pages are numbered from 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verb", help="who, status, tell, ask, answer, task, report, end")
+    parser.add_argument("--who", metavar="ID", help="the session to reach")
+    parser.add_argument("--message", metavar="TEXT", help="the text to send or store")
+    parser.add_argument("--sort", metavar="SORT", help="tell: attention (default) or note")
+    parser.add_argument("--about", metavar="HANDLE", help="ID@MSG, a child's id, '-' or 'json'")
+    parser.add_argument("--page", type=_page, metavar="N", help="report: which page to read")
+    parser.add_argument("--chain", metavar="JSON", help="the chain of the message you answer")
+    parser.add_argument("--schema", action="store_true", help="print the vocabulary as JSON Schema")
+
+
+def run(ns: argparse.Namespace) -> int:
+    from melchior.wire import argv
+    from melchior.wire.envelope import Refused, ok, refused
+
+    if ns.schema:
+        from melchior.tool import schema
+
+        argv.emit(schema())
+        return 0
+    if not ns.verb:
+        argv.emit(refused("say what to do with --verb=… (or --schema)", code="bad-args"))
+        return 2
+
+    from melchior.tool import Request, Usage, perform
+
+    req = Request(
+        verb=ns.verb,
+        who=ns.who,
+        message=ns.message,
+        sort=ns.sort,
+        about=ns.about,
+        page=ns.page,
+        chain=ns.chain,
+        stdin=sys.stdin.buffer.read,
+    )
+    try:
+        result = perform(req)
+    except Usage as exc:
+        argv.emit(refused(str(exc), code="bad-args"))
+        return 2
+    except Refused as exc:
+        argv.emit(refused(exc.reason, code=exc.code, **exc.detail))
+        return 1
+    argv.emit(ok(result))
+    return 0

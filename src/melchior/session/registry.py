@@ -1,0 +1,211 @@
+"""The registry is a directory: one socket per live session, and a few sidecar notes.
+
+    <dir>/alpha-rho              the session's socket, named by its id and nothing else
+    <dir>/iota-mu.parent         "alpha-rho": written by the child before it listens
+    <dir>/iota-mu.role           "main" or "sub": written by a forked child
+    <dir>/iota-mu.report         its latest report (JSON; older files are plain text)
+    <dir>/.used                  every id ever minted here, so none is reused
+    <dir>/.minted/<minter>/<id>  the secret a fork handed out, kept by whoever minted it
+
+There is no list to keep consistent: a session that died did not get to remove
+itself, so an entry is only a claim until a connect proves it (see :func:`probe`).
+Blocking I/O only, because ``melchior tool`` reads this and must start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from melchior import names
+from melchior.policy.walls import Role, Session
+
+Liveness = Literal["live", "stale", "gone"]
+
+STALE_PAUSE = 0.05
+"""Seconds between the two refused connects that make a socket stale."""
+
+
+@dataclass(frozen=True)
+class Minted:
+    """What ``melchior fork`` recorded for a child it named."""
+
+    id: str
+    parent: str
+    role: Role
+    token: str
+
+
+def _read_note(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+    if text.startswith('"'):
+        with contextlib.suppress(ValueError):
+            loaded = json.loads(text)
+            if isinstance(loaded, str):
+                text = loaded
+    return text or None
+
+
+class Registry:
+    """One project's directory, read and written with the hygiene rules in one place."""
+
+    def __init__(self, directory: Path, project: str) -> None:
+        self.dir = directory
+        self.project = project
+
+    @classmethod
+    def open(cls, project: str, env: Mapping[str, str] | None = None) -> Registry:
+        return cls(names.registry_dir(project, env), project)
+
+    def path(self, session_id: str) -> Path:
+        return self.dir / session_id
+
+    # -- reading ------------------------------------------------------------------------
+
+    def listed(self) -> list[str]:
+        """Ids with a socket entry, sorted; entries are claims, not proof of life."""
+        out = []
+        try:
+            entries = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if not names.is_id(entry.name):
+                continue
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    out.append(entry.name)
+            except FileNotFoundError:
+                continue
+        return sorted(out)
+
+    def parent_of(self, session_id: str) -> str | None:
+        parent = _read_note(self.dir / f"{session_id}.parent")
+        return parent if parent is not None and names.is_id(parent) else None
+
+    def role_of(self, session_id: str, parent: str | None) -> Role:
+        note = _read_note(self.dir / f"{session_id}.role")
+        if note == "main":
+            return "main"
+        if note == "sub":
+            return "sub"
+        return "main" if parent is None else "sub"
+
+    def session(self, session_id: str) -> Session:
+        parent = self.parent_of(session_id)
+        return Session(session_id, self.project, self.role_of(session_id, parent), parent)
+
+    def tree(self) -> dict[str, Session]:
+        """Every listed session, plus the ancestors their notes name (dead or not).
+
+        Gone ancestors stay in the tree so that a dead parent does not change which
+        instance its surviving children belong to.
+        """
+        tree: dict[str, Session] = {}
+        pending = self.listed()
+        while pending:
+            sid = pending.pop()
+            if sid in tree:
+                continue
+            node = self.session(sid)
+            tree[sid] = node
+            if node.parent is not None and node.parent not in tree:
+                pending.append(node.parent)
+        return tree
+
+    # -- liveness -----------------------------------------------------------------------
+
+    def probe(self, session_id: str, *, pause: Callable[[], None] | None = None) -> Liveness:
+        return probe(self.path(session_id), pause=pause)
+
+    # -- notes ----------------------------------------------------------------------------
+
+    def write_notes(self, session_id: str, parent: str, role: Role) -> None:
+        names.atomic_write(self.dir / f"{session_id}.role", f"{role}\n".encode())
+        names.atomic_write(self.dir / f"{session_id}.parent", f"{parent}\n".encode())
+
+    # -- minted secrets -------------------------------------------------------------------
+
+    def _minted_dir(self, minter: str) -> Path:
+        return self.dir / ".minted" / minter
+
+    def record_minted(self, minted: Minted) -> None:
+        d = self._minted_dir(minted.parent)
+        d.parent.mkdir(mode=0o700, exist_ok=True)
+        d.mkdir(mode=0o700, exist_ok=True)
+        body = {"id": minted.id, "parent": minted.parent, "role": minted.role}
+        body["token"] = minted.token
+        names.atomic_write(d / minted.id, json.dumps(body).encode())
+
+    def minted(self, minter: str, child: str) -> Minted | None:
+        try:
+            data = json.loads((self._minted_dir(minter) / child).read_text(encoding="utf-8"))
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+        role = data.get("role")
+        if not isinstance(data.get("token"), str) or role not in ("main", "sub"):
+            return None
+        return Minted(child, minter, "main" if role == "main" else "sub", data["token"])
+
+
+def probe(path: Path, *, pause: Callable[[], None] | None = None) -> Liveness:
+    """Is a socket entry answered? Stale (and removed) only after two refusals.
+
+    ECONNREFUSED alone does not mean dead: a socket between bind and listen says
+    the same. We publish only after listen, but a second try ~50 ms later costs
+    nothing and covers anyone who does not. The entry is unlinked only if its inode
+    is still the one first seen, so a replacement published meanwhile survives.
+    """
+    wait = pause if pause is not None else (lambda: time.sleep(STALE_PAUSE))
+    try:
+        first = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    if not stat.S_ISSOCK(first.st_mode):
+        return "gone"
+    for attempt in range(2):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(os.fspath(path))
+            return "live"
+        except ConnectionRefusedError:
+            if attempt == 0:
+                wait()
+        except FileNotFoundError:
+            return "gone"
+        except BlockingIOError:
+            return "live"  # a full backlog is busy, not dead
+        finally:
+            s.close()
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    if (now.st_ino, now.st_dev) != (first.st_ino, first.st_dev):
+        # Someone published a new socket here meanwhile: it is theirs to keep.
+        return "live" if _connects(path) else "stale"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return "stale"
+
+
+def _connects(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(os.fspath(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

@@ -1,0 +1,460 @@
+"""The vocabulary a model calls, as data, and what each word does.
+
+``melchior tool --verb=…`` is exec'd once per request by a harness on its model's
+behalf (argv transport: one JSON reply on stdout, non-zero exit when refused). The
+vocabulary leaves as JSON Schema (:func:`schema`) so that no harness type enters
+melchior: whoever hosts a model turns that data into whatever a tool is there.
+
+Every verb checks the walls on the sender's side before anything is sent (and the
+recipient checks again); every send returns a receipt that says what really
+happened, and an unknown or stale recipient is an error, never a success.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from melchior import names
+from melchior.policy.hops import Chain, check_hop, first_hop, next_hop
+from melchior.policy.walls import Talk, between
+from melchior.session import reports
+from melchior.session.client import Unreachable, call_once
+from melchior.session.identity import Identity, for_tool
+from melchior.session.registry import Registry
+from melchior.wire.envelope import Refused
+
+ENV_CHAIN = "MAGI_MELCHIOR_CHAIN"
+"""The chain ``{"chain","hop","path"}`` of the message the session is answering, if any."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    description: str
+    type: str = "string"
+    enum: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolVerb:
+    name: str
+    description: str
+    required: tuple[Param, ...] = ()
+    optional: tuple[Param, ...] = ()
+    needs_identity: bool = True
+
+
+WHO = Param("who", "the id of the session to reach, as 'who' lists it (e.g. 'beta-nu')")
+MESSAGE = Param("message", "the text to send")
+ABOUT_Q = Param("about", "a question handle <callee-id>@<message-id>, as 'ask' returned it")
+CHAIN = Param(
+    "chain",
+    "JSON {chain, hop, path} of the message being answered, so the hop count carries on",
+)
+
+VOCABULARY: tuple[ToolVerb, ...] = (
+    ToolVerb("who", "list the sessions you can reach from here", needs_identity=False),
+    ToolVerb(
+        "status",
+        "what a session is doing (busy, working_for, waiting); without who: yourself",
+        optional=(WHO,),
+        needs_identity=False,
+    ),
+    ToolVerb(
+        "tell",
+        "send a message; the receipt says delivered, queued (recipient busy) or refused",
+        required=(WHO, MESSAGE),
+        optional=(
+            Param(
+                "sort",
+                "attention (default): wants the recipient's attention; note: read when free",
+                enum=("attention", "note"),
+            ),
+            CHAIN,
+        ),
+        needs_identity=False,
+    ),
+    ToolVerb(
+        "ask",
+        "ask a question; returns the handle <id>@<message-id> to follow with task",
+        required=(WHO, MESSAGE),
+        optional=(CHAIN,),
+    ),
+    ToolVerb("answer", "answer a question that was asked of you", required=(ABOUT_Q, MESSAGE)),
+    ToolVerb(
+        "task",
+        "follow a question: pending, or answered with the answer; a child's bare id gives "
+        "its status",
+        required=(
+            Param("about", "<id>@<message-id> from ask, or the bare id of a child of yours"),
+        ),
+        optional=(WHO,),
+    ),
+    ToolVerb(
+        "report",
+        "store your report (message, or about='-' for stdin) and notify your parent; or read "
+        "a report: who for pages, about='json' for the whole body, revision and digest",
+        optional=(
+            MESSAGE,
+            Param("about", "'-': read the body from stdin; 'json': read the whole report"),
+            WHO,
+            Param("page", "which page to read (from 1)", type="integer"),
+        ),
+        needs_identity=False,
+    ),
+    ToolVerb("end", "end a session you started (only one you minted with fork)", required=(WHO,)),
+)
+
+BY_NAME: dict[str, ToolVerb] = {v.name: v for v in VOCABULARY}
+
+
+def _param_schema(p: Param) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": p.type, "description": p.description}
+    if p.enum:
+        out["enum"] = list(p.enum)
+    if p.type == "integer":
+        out["minimum"] = 1
+    return out
+
+
+def verb_schema(v: ToolVerb) -> dict[str, Any]:
+    props: dict[str, Any] = {"verb": {"const": v.name}}
+    for p in (*v.required, *v.optional):
+        props[p.name] = _param_schema(p)
+    return {
+        "title": v.name,
+        "description": v.description,
+        "type": "object",
+        "properties": props,
+        "required": ["verb", *(p.name for p in v.required)],
+        "additionalProperties": False,
+    }
+
+
+def schema() -> dict[str, Any]:
+    """The whole vocabulary as one JSON Schema document (draft 2020-12). Data only."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:melchior:tool",
+        "title": "melchior tool",
+        "description": (
+            "One request to 'melchior tool': pass each property as --NAME=VALUE. The reply is "
+            'one JSON object {"ok","family","n","result"} (or "error" with a reason).'
+        ),
+        "oneOf": [verb_schema(v) for v in VOCABULARY],
+    }
+
+
+# -- running a verb -----------------------------------------------------------------------
+
+
+class Usage(Exception):
+    """The request itself is malformed (exit 2), as opposed to refused (exit 1)."""
+
+
+@dataclass
+class Request:
+    verb: str
+    who: str | None = None
+    message: str | None = None
+    sort: str | None = None
+    about: str | None = None
+    page: int | None = None
+    chain: str | None = None
+    stdin: Callable[[int], bytes] = field(default=lambda n: b"")
+
+
+class Context:
+    """What a verb needs: who is calling, the registry, and the wall setting."""
+
+    def __init__(self, me: Identity | None, reg: Registry, talk: Talk, env: Mapping[str, str]):
+        self.me = me
+        self.reg = reg
+        self.talk = talk
+        self.env = env
+
+    @property
+    def sender(self) -> str | None:
+        return self.me.id if self.me is not None else None
+
+    def need_me(self, verb: str) -> Identity:
+        if self.me is None:
+            raise Refused(
+                f"'{verb}' needs to know which session you are: {names.ENV_ID} is not set",
+                "anonymous",
+            )
+        if self.me.id not in self.reg.listed():
+            raise Refused(
+                f"your session {self.me.id} is not listening in project {self.reg.project!r}; "
+                "is its 'melchior serve' running?",
+                "not-serving",
+            )
+        return self.me
+
+    def reach(self, who: str | None, *, verb: str) -> str:
+        """Check ``who`` exists and that the walls let us reach it; return its id."""
+        if who is None:
+            raise Usage(f"'{verb}' needs --who=<id>")
+        try:
+            names.check_id(who)
+        except names.NamingError as exc:
+            raise Usage(str(exc)) from None
+        listed = self.reg.listed()
+        if who not in listed:
+            raise Refused(
+                f"no session {who} in project {self.reg.project!r}; 'melchior tool --verb=who' "
+                "lists the ones you can reach",
+                "unknown",
+                {"receipt": "refused"},
+            )
+        if self.me is not None:
+            tree = self.reg.tree()
+            target = tree.get(who) or self.reg.session(who)
+            me = tree.get(self.me.id) or self.me.session()
+            decision = between(me, target, tree, self.talk)
+            if not decision.allowed:
+                raise Refused(
+                    decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"}
+                )
+        return who
+
+    def call(self, who: str, verb: str, args: list[Any], **extra: Any) -> list[Any]:
+        try:
+            return call_once(self.reg.path(who), verb, args, sender=self.sender, who=who, **extra)
+        except Unreachable as exc:
+            raise Refused(exc.reason, exc.code, {"receipt": "refused"}) from None
+
+    def chain(self, raw: str | None) -> Chain:
+        """The chain a new message travels on: the next hop of what we are answering."""
+        me = self.sender or names.ANONYMOUS
+        text = raw if raw is not None else self.env.get(ENV_CHAIN)
+        if not text:
+            return first_hop(me)
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("it must be a JSON object")
+            received = Chain.from_dict(data)
+        except ValueError as exc:
+            raise Usage(
+                f"--chain / {ENV_CHAIN} is not a chain {{chain, hop, path}}: {exc}"
+            ) from None
+        chain = next_hop(received, me)
+        decision = check_hop(chain)
+        if not decision.allowed:
+            raise Refused(decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"})
+        return chain
+
+
+def verb_who(ctx: Context, req: Request) -> list[Any]:
+    tree = ctx.reg.tree()
+    out = []
+    for sid in ctx.reg.listed():
+        node = tree.get(sid) or ctx.reg.session(sid)
+        if ctx.me is not None:
+            if sid == ctx.me.id:
+                continue
+            me = tree.get(ctx.me.id) or ctx.me.session()
+            decision = between(me, node, tree, ctx.talk)
+            if not decision.allowed:
+                continue
+            rule = decision.rule
+        else:
+            rule = "operator"
+        out.append(
+            {
+                "id": sid,
+                "address": str(names.Address(node.project, node.role, sid)),
+                "role": node.role,
+                "parent": node.parent,
+                "rule": rule,
+            }
+        )
+    return out
+
+
+def verb_status(ctx: Context, req: Request) -> list[Any]:
+    if req.who is None:
+        me = ctx.need_me("status")
+        return ctx.call(me.id, "status", [])
+    who = ctx.reach(req.who, verb="status")
+    return ctx.call(who, "status", [])
+
+
+def verb_tell(ctx: Context, req: Request) -> list[Any]:
+    if req.message is None:
+        raise Usage("'tell' needs --message=<text>")
+    who = ctx.reach(req.who, verb="tell")
+    chain = ctx.chain(req.chain)
+    args: list[Any] = [req.message, req.sort or "attention"]
+    result = ctx.call(who, "tell", args, chain=chain.as_dict())
+    return [{**r, "who": who, **chain.as_dict()} for r in result]
+
+
+def verb_ask(ctx: Context, req: Request) -> list[Any]:
+    ctx.need_me("ask")
+    if req.message is None:
+        raise Usage("'ask' needs --message=<text>")
+    who = ctx.reach(req.who, verb="ask")
+    chain = ctx.chain(req.chain)
+    result = ctx.call(who, "ask", [req.message], chain=chain.as_dict())
+    return [{**r, "who": who} for r in result]
+
+
+def verb_answer(ctx: Context, req: Request) -> list[Any]:
+    me = ctx.need_me("answer")
+    if req.about is None or req.message is None:
+        raise Usage("'answer' needs --about=<id@message-id> and --message=<text>")
+    callee, _, mid = req.about.partition("@")
+    if not mid or not names.is_id(callee):
+        raise Usage(f"{req.about!r} is not a question handle <callee-id>@<message-id>")
+    if callee != me.id:
+        raise Refused(
+            f"{req.about} was asked of {callee}, not of you ({me.id}); only {callee} can answer",
+            "refused",
+            {"receipt": "refused"},
+        )
+    known = ctx.call(me.id, "task", [req.about])
+    asker = known[0].get("asker") if known and isinstance(known[0], dict) else None
+    if not isinstance(asker, str):
+        raise Refused(f"no one is waiting for an answer to {req.about}", "unknown-task")
+    ctx.reach(asker, verb="answer")
+    result = ctx.call(asker, "answer", [req.about, req.message])
+    return [{**r, "about": req.about, "who": asker} for r in result]
+
+
+def verb_task(ctx: Context, req: Request) -> list[Any]:
+    me = ctx.need_me("task")
+    if req.about is None:
+        raise Usage("'task' needs --about=<id@message-id> (or a child's bare id)")
+    if "@" not in req.about:
+        child = req.about
+        if (
+            names.is_id(child)
+            and ctx.reg.parent_of(child) == me.id
+            and (req.who is None or req.who == child)
+        ):
+            return ctx.call(ctx.reach(child, verb="task"), "status", [])
+        raise Usage(
+            f"{req.about!r} is not a task handle <id>@<message-id> from ask, nor the id of a "
+            "child of yours; poll a session with --verb=status --who=<id>"
+        )
+    callee, _, mid = req.about.partition("@")
+    if not mid or not names.is_id(callee):
+        raise Usage(f"{req.about!r} is not a question handle <callee-id>@<message-id>")
+    if req.who is not None and req.who != callee:
+        raise Usage(f"{req.about} was asked of {callee}, not of {req.who}")
+    try:
+        mine = ctx.call(me.id, "task", [req.about])
+    except Refused as exc:
+        if exc.code != "unknown-task":
+            raise
+    else:
+        if mine and mine[0].get("state") == "answered":
+            return [{**mine[0], "receipt": "answered"}]
+    ctx.reach(callee, verb="task")
+    theirs = ctx.call(callee, "task", [req.about])
+    return [{"about": req.about, "state": "pending", "receipt": "delivered", **theirs[0]}]
+
+
+def verb_report(ctx: Context, req: Request) -> list[Any]:
+    if req.message is not None or req.about == "-":
+        return _submit_report(ctx, req)
+    if req.about not in (None, "json"):
+        raise Usage("report reads with --about=json (whole body) or submits with --about=-")
+    who = ctx.need_me("report").id if req.who is None else ctx.reach(req.who, verb="report")
+    report = reports.read(ctx.reg, who)
+    if report is None:
+        raise Refused(f"{who} has not stored a report", "no-report")
+    try:
+        return [report.whole() if req.about == "json" else report.page(req.page or 1)]
+    except reports.ReportError as exc:
+        raise Usage(str(exc)) from None
+
+
+def _submit_report(ctx: Context, req: Request) -> list[Any]:
+    me = ctx.need_me("report")
+    if req.message is not None and req.about == "-":
+        raise Usage("give the report as --message or on stdin with --about=-, not both")
+    try:
+        text = (
+            reports.decode_body(req.stdin(reports.MAX_REPORT + 1))
+            if req.about == "-"
+            else req.message or ""
+        )
+        report = reports.submit(ctx.reg, me.id, text)
+    except reports.ReportError as exc:
+        raise Refused(str(exc), "bad-report") from None
+    notified: dict[str, Any] | None = None
+    if me.parent is not None:
+        try:
+            notified = ctx.call(me.parent, "report", [report.revision, report.sha256])[0]
+        except Refused as exc:
+            notified = {"receipt": "refused", "reason": exc.reason, "code": exc.code}
+    return [
+        {
+            "who": me.id,
+            "revision": report.revision,
+            "sha256": report.sha256,
+            "stored": True,
+            "parent": me.parent,
+            "notified": notified,
+        }
+    ]
+
+
+def verb_end(ctx: Context, req: Request) -> list[Any]:
+    me = ctx.need_me("end")
+    if req.who is None:
+        raise Usage("'end' needs --who=<id>")
+    minted = ctx.reg.minted(me.id, req.who)
+    if minted is None:
+        raise Refused(
+            f"you ({me.id}) did not start {req.who}; only the session that minted a child "
+            "with 'melchior fork' can end it",
+            "refused",
+            {"receipt": "refused"},
+        )
+    who = ctx.reach(req.who, verb="end")
+    result = ctx.call(who, "end", [minted.token])
+    return [{**r, "who": who} for r in result]
+
+
+HANDLERS: dict[str, Callable[[Context, Request], list[Any]]] = {
+    "who": verb_who,
+    "status": verb_status,
+    "tell": verb_tell,
+    "ask": verb_ask,
+    "answer": verb_answer,
+    "task": verb_task,
+    "report": verb_report,
+    "end": verb_end,
+}
+
+
+def context(env: Mapping[str, str], cwd: Path) -> Context:
+    from melchior.session.config import read_talk
+
+    me, reg = for_tool(env, cwd)
+    return Context(me, reg, read_talk(reg.project, env), env)
+
+
+def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
+    """Run one request; raises Usage (malformed) or Refused (refused, with a reason)."""
+    from melchior.session.config import ConfigError
+    from melchior.session.identity import IdentityError
+
+    handler = HANDLERS.get(req.verb)
+    if handler is None:
+        raise Usage(f"unknown verb {req.verb!r}; the verbs are {', '.join(HANDLERS)}")
+    environ = os.environ if env is None else env
+    try:
+        ctx = context(environ, Path.cwd())
+    except (names.NamingError, IdentityError, ConfigError) as exc:
+        raise Refused(str(exc), "setup") from None
+    return handler(ctx, req)
