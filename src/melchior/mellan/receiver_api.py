@@ -19,6 +19,7 @@ Contract (``melchior.mellan.receiver_client`` is the typed client for it)::
                                              "input_required":false}
     POST /api/receiver/tasks/{id}/fail      {"epoch":N,"error":"…","retryable":true,
                                              "retry_after":S?}
+    POST /api/receiver/tasks/{id}/cancel-ack {"epoch":N}   (after renew said "cancelled")
          → 200 {"outcome":"ok"|"duplicate"}
          | 409 {"outcome":"lease-lost","reason":"cancelled"|"stale-epoch"|"expired"|"finished",
                 "error":{"code":"lease-lost","reason":"<sentence>"}}
@@ -299,6 +300,19 @@ async def fail(request: Request) -> Response:
     return response
 
 
+@endpoint
+async def cancel_ack(request: Request) -> Response:
+    """The receiver has stopped a cancelled task's work: free its session slot now rather
+    than after the cancel grace period."""
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    await _own_task(relay, me, task_id)
+    outcome = await relay.call(relay.store.ack_cancel, task_id, epoch)
+    return await _fenced(relay, me, task_id, epoch, "task.cancel_ack", outcome)
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/api/receiver/claim", claim, methods=["POST"]),
@@ -306,4 +320,5 @@ def routes() -> list[BaseRoute]:
         Route("/api/receiver/tasks/{task_id}/progress", progress, methods=["POST"]),
         Route("/api/receiver/tasks/{task_id}/complete", complete, methods=["POST"]),
         Route("/api/receiver/tasks/{task_id}/fail", fail, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/cancel-ack", cancel_ack, methods=["POST"]),
     ]

@@ -191,3 +191,7 @@ class ReceiverClient:
         if retry_after is not None:
             body["retry_after"] = retry_after
         return self._write(task_id, "fail", body)
+
+    def cancel_ack(self, task_id: str, epoch: int) -> WriteResult:
+        """Say the work of a cancelled task has stopped, freeing its session slot at once."""
+        return self._write(task_id, "cancel-ack", {"epoch": epoch})

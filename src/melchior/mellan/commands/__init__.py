@@ -1,0 +1,1 @@
+"""The ``mellan`` subcommands, one small module per command group (imported lazily)."""

@@ -1,0 +1,195 @@
+"""What every ``mellan`` client command shares: where the relay and token come from, one
+HTTP call with refusals turned into plain sentences, and JSON or table output.
+
+The relay URL comes from ``--relay``, else ``$MELLAN_RELAY``, else the stored login; the
+token from ``$MELLAN_TOKEN``, else the stored login. Tokens are never taken as command
+line arguments (they would show in ``ps`` and shell history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from melchior import __version__
+from melchior.mellan.web import decode, encode
+
+DEFAULT_RELAY = "http://127.0.0.1:8787"
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with an exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mellan"
+
+
+def login_file() -> Path:
+    return config_dir() / "login.json"
+
+
+def write_private_json(path: Path, data: dict[str, Any]) -> None:
+    """Write a credential file readable by its owner only (0600, directory 0700)."""
+    from melchior.mellan.server import write_private
+
+    write_private(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_login() -> dict[str, Any]:
+    path = login_file()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read the stored login {path}: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class Target:
+    relay: str
+    token: str | None
+
+
+def target(ns: argparse.Namespace, *, need_token: bool = True) -> Target:
+    stored = read_login()
+    relay = (
+        getattr(ns, "relay", None)
+        or os.environ.get("MELLAN_RELAY")
+        or stored.get("relay")
+        or DEFAULT_RELAY
+    )
+    token = os.environ.get("MELLAN_TOKEN") or stored.get("token")
+    if need_token and not token:
+        raise CliError(
+            "no credential: set MELLAN_TOKEN, or run 'mellan login --relay URL --token-file "
+            "PATH' with the owner token file the relay printed at first start",
+            EXIT_USAGE,
+        )
+    return Target(str(relay).rstrip("/"), token)
+
+
+def call(
+    t: Target,
+    method: str,
+    path: str,
+    body: Any = None,
+    params: dict[str, Any] | None = None,
+    timeout: float = 30.0,
+) -> Any:
+    """One request to the relay; the decoded JSON answer, or CliError with the relay's reason."""
+    headers = {"accept": "application/json"}
+    if t.token:
+        headers["authorization"] = f"Bearer {t.token}"
+    content = None
+    if body is not None:
+        headers["content-type"] = "application/json"
+        content = encode(body).encode("utf-8")
+    clean = {k: v for k, v in (params or {}).items() if v is not None}
+    try:
+        response = httpx.request(
+            method, t.relay + path, headers=headers, content=content, params=clean,
+            timeout=timeout,
+        )  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise CliError(
+            f"cannot reach the relay at {t.relay}: {exc or type(exc).__name__} (is 'mellan relay' "
+            "running there? set --relay or MELLAN_RELAY)",
+            EXIT_UNREACHABLE,
+        ) from exc
+    try:
+        data = decode(response.content) if response.content else {}
+    except ValueError:
+        data = None
+    if response.is_success:
+        return data
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        reason = (
+            f"{error.get('reason', '')} ({error.get('code', 'error')}, HTTP {response.status_code})"
+        )
+    else:
+        reason = f"HTTP {response.status_code} from {t.relay}{path}: {response.text[:200]}"
+    status = EXIT_UNREACHABLE if response.status_code == 503 else EXIT_REFUSED
+    raise CliError(f"refused: {reason}", status)
+
+
+def add_common(parser: argparse.ArgumentParser, *, relay: bool = True) -> None:
+    parser.add_argument("--version", action="version", version=f"mellan {__version__}")
+    parser.add_argument("--json", action="store_true", help="print the relay's JSON answer")
+    if relay:
+        parser.add_argument(
+            "--relay", metavar="URL", help="relay URL (default: $MELLAN_RELAY or stored login)"
+        )
+
+
+def print_json(data: Any) -> None:
+    print(encode(data))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (no colours: it is piped as often as read)."""
+    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row):
+            widths[i] = max(widths[i], len(v))
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))]
+    for row in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command, printing a CliError as ``mellan: …`` on stderr with its exit status."""
+
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            return fn(ns)
+        except CliError as exc:
+            print(f"mellan: {exc}", file=sys.stderr)
+            return exc.status
+        except KeyboardInterrupt:
+            return 130
+
+    return run
+
+
+def subcommands(
+    parser: argparse.ArgumentParser,
+    table_: dict[
+        str,
+        tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]],
+    ],
+) -> None:
+    """Attach ``COMMAND SUB`` subparsers; each gets --help, --version, --json and --relay."""
+    parser.add_argument("--version", action="version", version=f"mellan {__version__}")
+    subs = parser.add_subparsers(dest="sub", metavar="SUBCOMMAND", required=True)
+    for name, (text, add, run) in table_.items():
+        sp = subs.add_parser(name, help=text, description=text)
+        add_common(sp)
+        add(sp)
+        sp.set_defaults(func=guarded(run))
+
+
+def dispatch(ns: argparse.Namespace) -> int:
+    func: Callable[[argparse.Namespace], int] = ns.func
+    return func(ns)

@@ -1,0 +1,57 @@
+"""Exchange a one-time enrollment code for this agent's credential and store it (0600).
+
+The credential is written to $XDG_CONFIG_HOME/mellan/agents/<agent id>.json, which the
+receiver reads; the token is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from melchior.mellan.commands._common import (
+    EXIT_USAGE,
+    CliError,
+    Target,
+    add_common,
+    call,
+    config_dir,
+    guarded,
+    print_json,
+    write_private_json,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, relay=False)
+    parser.add_argument("code", metavar="CODE", help="the code from 'mellan enroll' ('-': stdin)")
+    parser.add_argument("--relay", metavar="URL", required=True, help="the relay's URL")
+
+
+@guarded
+def run(ns: argparse.Namespace) -> int:
+    code = sys.stdin.readline().strip() if ns.code == "-" else ns.code.strip()
+    if not code:
+        raise CliError("no enrollment code given", EXIT_USAGE)
+    relay = ns.relay.rstrip("/")
+    data = call(Target(relay, None), "POST", "/api/join", {"code": code})
+    agent = str(data["agent"])
+    path = config_dir() / "agents" / f"{agent}.json"
+    write_private_json(
+        path,
+        {
+            "relay": relay,
+            "workspace": data["workspace"],
+            "agent": agent,
+            "credential_id": data["credential_id"],
+            "token": data["token"],
+        },
+    )
+    if ns.json:
+        print_json({k: v for k, v in data.items() if k != "token"} | {"stored": str(path)})
+    else:
+        print(
+            f"joined workspace {data['workspace']!r} as {agent}; credential "
+            f"{data['credential_id']} stored in {path} (0600)"
+        )
+    return 0

@@ -1,0 +1,198 @@
+"""Running one relay replica: open the store, bootstrap the workspace, serve HTTP with uvicorn.
+
+First start of an empty database creates workspace ``default`` and one owner credential.
+The token is written once to a private (0600) file whose *path* is printed; the token
+itself is never printed, so it does not end up in terminal scrollback or service logs.
+Later starts (and other replicas on the same PostgreSQL) find the workspace and mint
+nothing. ``--mint-owner-token`` mints an additional owner credential on purpose (e.g.
+the first file was lost); revoke old ones with ``mellan credential revoke``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+import uvicorn
+
+from melchior import __version__
+from melchior.mellan.app import create_app
+from melchior.mellan.auth import hash_token, new_token
+from melchior.mellan.notify import LocalNotifier, Notifier
+from melchior.mellan.relay import Relay
+from melchior.mellan.store import default_sqlite_path, open_store
+from melchior.mellan.store.base import CredentialKind, Store
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+WORKSPACE = "default"
+OWNER = "owner"
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    database: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    public_url: str | None = None
+    owner_token_file: Path | None = None
+    mint_owner_token: bool = False
+    max_body: int = 16 * 1024 * 1024
+
+
+def data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mellan"
+
+
+def is_postgres(url: str | None) -> bool:
+    return url is not None and url.startswith(("postgresql://", "postgres://"))
+
+
+def redact(url: str | None) -> str:
+    """A database URL fit for a status line: no password."""
+    if url is None:
+        return f"sqlite:///{default_sqlite_path()}"
+    if "://" not in url:
+        return f"sqlite:///{Path(url).resolve()}"
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        netloc = f"{parts.username}:***@{host}" if parts.username else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the owner only, replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def bootstrap(store: Store, token_file: Path, *, force: bool, say: Callable[[str], None]) -> bool:
+    """Create workspace ``default`` and an owner credential on an empty database.
+
+    The token file is written *before* the credential is stored, so a crash can leave an
+    unused file but never a stored owner credential nobody holds. Returns True when a
+    credential was minted.
+    """
+    created = store.ensure_workspace(WORKSPACE)
+    if not created and not force:
+        say(f"workspace {WORKSPACE!r} exists; owner credentials were issued before")
+        return False
+    token = new_token()
+    write_private(token_file, token + "\n")
+    credential_id = store.add_credential(WORKSPACE, CredentialKind.OWNER, OWNER, hash_token(token))
+    store.audit(
+        WORKSPACE, "relay", "credential.add", credential_id, True, "bootstrap",
+        "owner credential minted at relay start" + (" (first start)" if created else ""),
+    )  # fmt: skip
+    prefix = f"created workspace {WORKSPACE!r}; " if created else ""
+    say(
+        f"{prefix}owner credential {credential_id} written to {token_file} "
+        "(mode 0600; the token is not shown again)"
+    )
+    say(f"  log in with: mellan login --relay URL --token-file {token_file}")
+    return True
+
+
+def make_notifier(database: str | None) -> Notifier:
+    """LISTEN/NOTIFY between replicas on PostgreSQL; an in-process hub on SQLite."""
+    if is_postgres(database):
+        assert database is not None
+        try:
+            pgnotify = importlib.import_module("melchior.mellan.pgnotify")
+        except ImportError:  # the store half ships it; until then wake-ups stay local
+            return LocalNotifier()
+        notifier: Notifier = pgnotify.PgNotifier(database)
+        return notifier
+    return LocalNotifier()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
+    """Run one replica until SIGINT/SIGTERM; return an exit status."""
+
+    def say(line: str) -> None:
+        print(f"mellan relay: {line}", file=out, flush=True)
+
+    logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
+    say(f"version {__version__}")
+    say(f"database {redact(options.database)}")
+    try:
+        sock = bind(options.host, options.port)
+    except OSError as exc:
+        say(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}")
+        say("  is another relay running? choose another port with --port")
+        return 1
+    notifier = make_notifier(options.database)
+    try:
+        store = open_store(options.database, publish=notifier.publish)
+    except Exception as exc:
+        sock.close()
+        say(f"cannot open the database: {exc}")
+        if is_postgres(options.database):
+            say("  check the URL, that PostgreSQL is running, and that the role may connect")
+        return 1
+    try:
+        version = getattr(store, "schema_version", lambda: None)()
+        say("schema up to date" + (f" (version {version})" if version is not None else ""))
+        token_file = options.owner_token_file or data_dir() / "owner.token"
+        bootstrap(store, token_file, force=options.mint_owner_token, say=say)
+        port = sock.getsockname()[1]
+        host = options.host if ":" not in options.host else f"[{options.host}]"
+        url = f"http://{host}:{port}"
+        public = (options.public_url or url).rstrip("/")
+        relay = Relay(store=store, notifier=notifier, public_url=public, max_body=options.max_body)
+        app = create_app(relay)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            proxy_headers=False,
+        )
+        server = uvicorn.Server(config)
+        say(f"listening on {url}" + (f" (public URL {public})" if public != url else ""))
+        say("ready; Ctrl-C or SIGTERM stops it gracefully")
+        server.run(sockets=[sock])
+        say("stopped")
+        return 0
+    finally:
+        sock.close()
+        store.close()
