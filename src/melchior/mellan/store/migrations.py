@@ -1,0 +1,256 @@
+"""Versioned schema migrations for both backends, applied at start.
+
+Each backend has a tuple of versions; version N is ``<BACKEND>[N - 1]``, itself a
+tuple of statements run in one transaction together with the bump of
+``schema_version``. A released version is never edited: a schema change is a new
+version appended at the end, so a database created by any earlier release upgrades
+by replaying the versions it lacks (tested from v1).
+
+Invariants the schema itself holds, whatever the SQL above it gets wrong:
+- ``task_session_slot``: at most one task per (workspace, session_key) holds a lease
+  or a cancel grace (``lease_expires_at IS NOT NULL``) — rule 3's hard edge;
+- ``task_dedupe``: one task per (workspace, caller, message_id);
+- the audit table refuses UPDATE and DELETE (append-only).
+"""
+
+from __future__ import annotations
+
+_STATES = "'queued','leased','succeeded','input_required','failed','cancelled'"
+
+# SQLite: timestamps are INTEGER unix milliseconds read from the database's clock.
+SQLITE: tuple[tuple[str, ...], ...] = (
+    # v1 — first released schema
+    (
+        """CREATE TABLE workspace (
+            name TEXT PRIMARY KEY,
+            created_at INTEGER NOT NULL
+        ) STRICT""",
+        """CREATE TABLE credential (
+            id TEXT PRIMARY KEY,
+            workspace TEXT NOT NULL REFERENCES workspace(name),
+            kind TEXT NOT NULL CHECK (kind IN ('owner','agent')),
+            subject TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER,
+            revoked_at INTEGER
+        ) STRICT""",
+        """CREATE TABLE agent (
+            workspace TEXT NOT NULL REFERENCES workspace(name),
+            id TEXT NOT NULL,
+            description TEXT NOT NULL,
+            capabilities TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            PRIMARY KEY (workspace, id)
+        ) STRICT""",
+        """CREATE TABLE enrollment (
+            code_hash TEXT PRIMARY KEY,
+            workspace TEXT NOT NULL,
+            agent_id TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            used_at INTEGER,
+            FOREIGN KEY (workspace, agent_id) REFERENCES agent(workspace, id)
+        ) STRICT""",
+        """CREATE TABLE agent_grant (
+            id TEXT PRIMARY KEY,
+            workspace TEXT NOT NULL,
+            caller TEXT NOT NULL,
+            receiver TEXT NOT NULL,
+            capabilities TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            revoked_at INTEGER,
+            FOREIGN KEY (workspace, caller) REFERENCES agent(workspace, id),
+            FOREIGN KEY (workspace, receiver) REFERENCES agent(workspace, id)
+        ) STRICT""",
+        "CREATE INDEX agent_grant_route ON agent_grant (workspace, caller, receiver)",
+        """CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            workspace TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            allowed INTEGER NOT NULL,
+            rule TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            detail TEXT NOT NULL
+        ) STRICT""",
+        "CREATE INDEX audit_ws ON audit (workspace, seq)",
+        """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+           BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+        """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+           BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END""",
+        f"""CREATE TABLE task (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            workspace TEXT NOT NULL,
+            caller TEXT NOT NULL,
+            receiver TEXT NOT NULL,
+            capability TEXT NOT NULL,
+            context_id TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ({_STATES})),
+            payload TEXT NOT NULL,
+            metadata TEXT NOT NULL,
+            message_id TEXT,
+            session_key TEXT,
+            chain TEXT NOT NULL,
+            hop INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+            lease_epoch INTEGER NOT NULL DEFAULT 0,
+            lease_owner TEXT,
+            leased_at INTEGER,
+            lease_expires_at INTEGER,
+            run_after INTEGER NOT NULL,
+            result TEXT,
+            error TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            finished_at INTEGER,
+            CHECK (attempt <= max_attempts)
+        ) STRICT""",
+        """CREATE UNIQUE INDEX task_dedupe ON task (workspace, caller, message_id)
+           WHERE message_id IS NOT NULL""",
+        """CREATE UNIQUE INDEX task_session_slot ON task (workspace, session_key)
+           WHERE session_key IS NOT NULL AND lease_expires_at IS NOT NULL""",
+        "CREATE INDEX task_ready ON task (workspace, receiver, seq) WHERE state = 'queued'",
+        """CREATE INDEX task_session_open ON task (workspace, session_key, seq)
+           WHERE session_key IS NOT NULL AND state IN ('queued','leased')""",
+        """CREATE INDEX task_held ON task (workspace, receiver, lease_expires_at)
+           WHERE lease_expires_at IS NOT NULL""",
+        "CREATE INDEX task_expiry ON task (lease_expires_at) WHERE lease_expires_at IS NOT NULL",
+        "CREATE INDEX task_ws ON task (workspace, seq)",
+        "CREATE INDEX task_context ON task (workspace, context_id, seq)",
+        """CREATE TABLE task_event (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            task_id TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            body TEXT NOT NULL
+        ) STRICT""",
+        "CREATE INDEX task_event_task ON task_event (task_id, seq)",
+    ),
+)
+
+# PostgreSQL: timestamptz from the server clock; payloads as text so they come back
+# byte-for-byte (jsonb would re-serialise them).
+POSTGRES: tuple[tuple[str, ...], ...] = (
+    # v1 — first released schema
+    (
+        """CREATE TABLE workspace (
+            name text PRIMARY KEY,
+            created_at timestamptz NOT NULL DEFAULT now()
+        )""",
+        """CREATE TABLE credential (
+            id text PRIMARY KEY,
+            workspace text NOT NULL REFERENCES workspace(name),
+            kind text NOT NULL CHECK (kind IN ('owner','agent')),
+            subject text NOT NULL,
+            token_hash text NOT NULL UNIQUE,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            expires_at timestamptz,
+            revoked_at timestamptz
+        )""",
+        """CREATE TABLE agent (
+            workspace text NOT NULL REFERENCES workspace(name),
+            id text NOT NULL,
+            description text NOT NULL,
+            capabilities text NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workspace, id)
+        )""",
+        """CREATE TABLE enrollment (
+            code_hash text PRIMARY KEY,
+            workspace text NOT NULL,
+            agent_id text NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            expires_at timestamptz NOT NULL,
+            used_at timestamptz,
+            FOREIGN KEY (workspace, agent_id) REFERENCES agent(workspace, id)
+        )""",
+        """CREATE TABLE agent_grant (
+            id text PRIMARY KEY,
+            workspace text NOT NULL,
+            caller text NOT NULL,
+            receiver text NOT NULL,
+            capabilities text NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            revoked_at timestamptz,
+            FOREIGN KEY (workspace, caller) REFERENCES agent(workspace, id),
+            FOREIGN KEY (workspace, receiver) REFERENCES agent(workspace, id)
+        )""",
+        "CREATE INDEX agent_grant_route ON agent_grant (workspace, caller, receiver)",
+        """CREATE TABLE audit (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            workspace text NOT NULL,
+            at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            actor text NOT NULL,
+            action text NOT NULL,
+            subject text NOT NULL,
+            allowed boolean NOT NULL,
+            rule text NOT NULL,
+            reason text NOT NULL,
+            detail text NOT NULL
+        )""",
+        "CREATE INDEX audit_ws ON audit (workspace, seq)",
+        """CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN RAISE EXCEPTION 'audit is append-only'; END $$""",
+        """CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit
+           FOR EACH ROW EXECUTE FUNCTION audit_append_only()""",
+        f"""CREATE TABLE task (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            workspace text NOT NULL,
+            caller text NOT NULL,
+            receiver text NOT NULL,
+            capability text NOT NULL,
+            context_id text NOT NULL,
+            state text NOT NULL CHECK (state IN ({_STATES})),
+            payload text NOT NULL,
+            metadata text NOT NULL,
+            message_id text,
+            session_key text,
+            chain text NOT NULL,
+            hop integer NOT NULL,
+            path text NOT NULL,
+            attempt integer NOT NULL DEFAULT 0,
+            max_attempts integer NOT NULL CHECK (max_attempts >= 1),
+            lease_epoch bigint NOT NULL DEFAULT 0,
+            lease_owner text,
+            leased_at timestamptz,
+            lease_expires_at timestamptz,
+            run_after timestamptz NOT NULL DEFAULT now(),
+            result text,
+            error text,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            finished_at timestamptz,
+            CHECK (attempt <= max_attempts)
+        )""",
+        """CREATE UNIQUE INDEX task_dedupe ON task (workspace, caller, message_id)
+           WHERE message_id IS NOT NULL""",
+        """CREATE UNIQUE INDEX task_session_slot ON task (workspace, session_key)
+           WHERE session_key IS NOT NULL AND lease_expires_at IS NOT NULL""",
+        "CREATE INDEX task_ready ON task (workspace, receiver, seq) WHERE state = 'queued'",
+        """CREATE INDEX task_session_open ON task (workspace, session_key, seq)
+           WHERE session_key IS NOT NULL AND state IN ('queued','leased')""",
+        """CREATE INDEX task_held ON task (workspace, receiver, lease_expires_at)
+           WHERE lease_expires_at IS NOT NULL""",
+        "CREATE INDEX task_expiry ON task (lease_expires_at) WHERE lease_expires_at IS NOT NULL",
+        "CREATE INDEX task_ws ON task (workspace, seq)",
+        "CREATE INDEX task_context ON task (workspace, context_id, seq)",
+        """CREATE TABLE task_event (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            task_id text NOT NULL,
+            at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            kind text NOT NULL,
+            body text NOT NULL
+        )""",
+        "CREATE INDEX task_event_task ON task_event (task_id, seq)",
+    ),
+)
+
+LATEST_SQLITE = len(SQLITE)
+LATEST_POSTGRES = len(POSTGRES)
