@@ -50,3 +50,88 @@ def test_sqlite_unopenable_path_is_unavailable(tmp_path: Path) -> None:
     s = SQLiteStore(tmp_path / "missing-dir" / "relay.db")
     with pytest.raises(StoreUnavailable):
         s.now()
+
+
+# -- PostgreSQL: the connection dies ----------------------------------------------------------
+
+
+def _kill(admin_url: str, pid: int) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+@pytest.mark.postgres
+def test_pg_connection_lost_before_commit_writes_nothing_and_recovers(pg_url: str) -> None:
+    import psycopg
+
+    from melchior.mellan.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_url)
+    s.migrate()
+    seed(s)
+    t, _ = s.enqueue(new_task())
+    kills: list[int] = []
+
+    def cut(conn: psycopg.Connection[dict[str, object]]) -> None:
+        kills.append(conn.info.backend_pid)
+        _kill(pg_url, conn.info.backend_pid)
+
+    try:
+        s.before_commit = cut
+        with pytest.raises(StoreUnavailable):
+            s.claim(WS, RECEIVER, "a")  # the claim's UPDATE ran, its COMMIT cannot
+        with pytest.raises(StoreUnavailable):
+            s.enqueue(new_task(message_id="lost"))
+        s.before_commit = None
+        assert len(kills) == 2
+        cur = s.get_task(WS, t.id)  # recovered on the next call; nothing half-written
+        assert cur is not None and cur.state is TaskState.QUEUED and cur.attempt == 0
+        assert cur.lease_epoch == 0
+        assert [x.id for x in s.list_tasks(WS)] == [t.id]
+        [lease] = s.claim(WS, RECEIVER, "a")
+        assert lease.task.id == t.id and lease.task.attempt == 1
+    finally:
+        s.close()
+
+
+@pytest.mark.postgres
+def test_pg_idle_connections_killed_between_calls(pg_url: str) -> None:
+    import psycopg
+
+    from melchior.mellan.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_url)
+    s.migrate()
+    seed(s)
+    dbname = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
+    try:
+        failures = 0
+        for _ in range(5):  # the first use of a dead connection fails clearly, then recovers
+            try:
+                s.enqueue(new_task())
+                break
+            except StoreUnavailable:
+                failures += 1
+        assert failures <= 2
+        assert len(s.list_tasks(WS)) == 1
+    finally:
+        s.close()
+
+
+def test_pg_unreachable_is_unavailable() -> None:
+    from melchior.mellan.store.postgres import PostgresStore
+
+    s = PostgresStore("postgresql://postgres@127.0.0.1:1/none", timeout=0.5)
+    try:
+        with pytest.raises(StoreUnavailable):
+            s.now()
+    finally:
+        s.close()

@@ -33,10 +33,9 @@ def open_store(
     """
     store: Store
     if url is not None and url.startswith(("postgresql://", "postgres://")):
-        import importlib
+        from melchior.mellan.store.postgres import PostgresStore
 
-        postgres = importlib.import_module("melchior.mellan.store.postgres")
-        store = postgres.PostgresStore(url, publish=publish)
+        store = PostgresStore(url, publish=publish)
     else:
         from melchior.mellan.store.sqlite import SQLiteStore
 

@@ -1,0 +1,807 @@
+"""The relay's store on PostgreSQL: several relay replicas, one database.
+
+Why it holds the queue rules with many replicas at once:
+- claims select candidates ``FOR UPDATE SKIP LOCKED`` inside one ``UPDATE … FROM``
+  statement, so concurrent claimers never wait on each other nor take the same row;
+- the partial unique index ``task_session_slot`` makes a second live task of a bound
+  session impossible even if the head-of-session rule ever raced; a claim that hits
+  it (a commit-order race) is simply retried;
+- every lease sum uses the server's ``now()``, so replica clock skew cannot matter;
+- the sweeper also uses ``SKIP LOCKED``: every replica may run it, none double-works.
+
+Connections come from a small ``psycopg_pool`` pool; each method is one transaction.
+A lost connection surfaces as :class:`StoreUnavailable` (the transaction rolled back
+with the session), and the pool replaces the connection for the next call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from melchior.mellan.notify import receiver_topic, task_topic
+from melchior.mellan.store import _common as C
+from melchior.mellan.store import migrations
+from melchior.mellan.store.base import (
+    Agent,
+    AuditRecord,
+    Capability,
+    Conflict,
+    CredentialKind,
+    Grant,
+    Lease,
+    NewTask,
+    NotFoundError,
+    Outcome,
+    Principal,
+    StoreError,
+    StoreUnavailable,
+    Task,
+    TaskEvent,
+    TaskState,
+)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+_MIGRATE_LOCK = 0x6D656C6C616E  # "mellan": one migrator at a time across replicas
+_RETRIES = 8
+
+
+@dataclass
+class _Tx:
+    """One open transaction: a cursor and the wake-ups to send once it commits."""
+
+    cur: psycopg.Cursor[Row]
+    topics: list[str] = field(default_factory=list)
+
+    def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Row | None:
+        self.cur.execute(sql, params)
+        return self.cur.fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
+        self.cur.execute(sql, params)
+        return self.cur.fetchall()
+
+    def run(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        self.cur.execute(sql, params)
+        return self.cur.rowcount
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Serialization/deadlock aborts, and a claim racing on a session slot: try again."""
+    if isinstance(exc, pgerr.TransactionRollback):
+        return True
+    return isinstance(exc, pgerr.UniqueViolation) and (
+        exc.diag.constraint_name == "task_session_slot"
+    )
+
+
+class PostgresStore:
+    """:class:`~melchior.mellan.store.base.Store` on PostgreSQL (psycopg 3, sync)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        timeout: float = 10.0,
+        cancel_grace_seconds: float = 10.0,
+        publish: Callable[[str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.cancel_grace_ms = round(cancel_grace_seconds * 1000)
+        self._publish = publish
+        # Test and drill hook: called inside every write transaction just before COMMIT,
+        # so a test can cut the connection at the worst moment.
+        self.before_commit: Callable[[psycopg.Connection[Row]], None] | None = None
+        self._pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
+            open=True,
+            name="mellan-store",
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _lost(self, exc: BaseException) -> StoreUnavailable:
+        # Idle connections may have died with this one (server restart): have the pool
+        # check them now rather than fail the next callers one by one.
+        with suppress(Exception):  # the pool repairs itself later; this is a head start
+            self._pool.check()
+        return StoreUnavailable(f"postgresql: {str(exc).strip() or type(exc).__name__}")
+
+    def _write(self, fn: Callable[[_Tx], T]) -> T:
+        """Run ``fn`` in one transaction, retrying aborts that say "try again"; publish
+        wake-ups only after COMMIT."""
+        for attempt in range(_RETRIES):
+            try:
+                with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                    tx = _Tx(cur)
+                    result = fn(tx)
+                    if self.before_commit is not None:
+                        self.before_commit(conn)
+            except (pgerr.TransactionRollback, pgerr.UniqueViolation) as exc:
+                if _retryable(exc) and attempt + 1 < _RETRIES:
+                    continue
+                if _retryable(exc):
+                    raise StoreUnavailable(f"postgresql: contention: {exc}") from exc
+                raise
+            except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+                raise self._lost(exc) from exc
+            C.publish_all(self._publish, tx.topics)
+            return result
+        raise AssertionError("unreachable")
+
+    def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
+        try:
+            with self._pool.connection() as conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall()
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            raise self._lost(exc) from exc
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def migrate(self, target: int | None = None) -> int:
+        goal = migrations.LATEST_POSTGRES if target is None else target
+
+        def step(tx: _Tx) -> tuple[int, bool]:
+            tx.run("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+            tx.run(
+                "CREATE TABLE IF NOT EXISTS schema_version (version integer PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = tx.one("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version")
+            current = int(row["v"]) if row else 0
+            if current >= goal:
+                return current, True
+            for stmt in migrations.POSTGRES[current]:
+                tx.run(stmt)
+            tx.run("INSERT INTO schema_version (version) VALUES (%s)", (current + 1,))
+            return current + 1, False
+
+        while True:
+            version, done = self._write(step)
+            if done:
+                return version
+
+    def schema_version(self) -> int:
+        rows = self._read("SELECT to_regclass('schema_version') IS NOT NULL AS present")
+        if not rows[0]["present"]:
+            return 0
+        return int(self._read("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version")[0]["v"])
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def now(self) -> str:
+        return C.iso(self._read("SELECT clock_timestamp() AS now")[0]["now"])
+
+    def set_publisher(self, publish: Callable[[str], None] | None) -> None:
+        self._publish = publish
+
+    # -- workspaces and credentials -----------------------------------------------------------
+    def ensure_workspace(self, workspace: str) -> bool:
+        return self._write(
+            lambda tx: (
+                tx.run(
+                    "INSERT INTO workspace (name) VALUES (%s) ON CONFLICT DO NOTHING", (workspace,)
+                )
+                == 1
+            )
+        )
+
+    @staticmethod
+    def _need_workspace(tx: _Tx, workspace: str) -> None:
+        if tx.one("SELECT 1 AS x FROM workspace WHERE name = %s", (workspace,)) is None:
+            raise NotFoundError(f"unknown workspace {workspace!r}")
+
+    @staticmethod
+    def _need_agent(tx: _Tx, workspace: str, agent_id: str) -> None:
+        if (
+            tx.one("SELECT 1 AS x FROM agent WHERE workspace=%s AND id=%s", (workspace, agent_id))
+            is None
+        ):
+            raise NotFoundError(f"unknown agent {agent_id!r}")
+
+    def add_credential(
+        self,
+        workspace: str,
+        kind: CredentialKind,
+        subject: str,
+        token_hash: str,
+        expires_at: str | None = None,
+    ) -> str:
+        cid = C.new_id()
+
+        def go(tx: _Tx) -> str:
+            self._need_workspace(tx, workspace)
+            try:
+                tx.run(
+                    "INSERT INTO credential (id, workspace, kind, subject, token_hash, expires_at)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)",
+                    (
+                        cid,
+                        workspace,
+                        CredentialKind(kind).value,
+                        subject,
+                        token_hash,
+                        None if expires_at is None else C.parse_dt(expires_at),
+                    ),
+                )
+            except pgerr.UniqueViolation as exc:
+                raise Conflict("credential hash already stored") from exc
+            return cid
+
+        return self._write(go)
+
+    def principal_for(self, token_hash: str) -> Principal | None:
+        rows = self._read(
+            "SELECT id, workspace, kind, subject FROM credential WHERE token_hash = %s"
+            " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())",
+            (token_hash,),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Principal(r["workspace"], CredentialKind(r["kind"]), r["subject"], r["id"])
+
+    def revoke_credential(self, workspace: str, credential_id: str) -> bool:
+        return self._write(
+            lambda tx: (
+                tx.run(
+                    "UPDATE credential SET revoked_at = now() WHERE workspace = %s AND id = %s"
+                    " AND revoked_at IS NULL",
+                    (workspace, credential_id),
+                )
+                == 1
+            )
+        )
+
+    # -- agents and enrollment ----------------------------------------------------------------
+    def add_agent(
+        self, workspace: str, agent_id: str, description: str, capabilities: Sequence[Capability]
+    ) -> Agent:
+        def go(tx: _Tx) -> Agent:
+            self._need_workspace(tx, workspace)
+            try:
+                row = tx.one(
+                    "INSERT INTO agent (workspace, id, description, capabilities)"
+                    " VALUES (%s, %s, %s, %s) RETURNING *",
+                    (workspace, agent_id, description, C.caps_json(capabilities)),
+                )
+            except pgerr.UniqueViolation as exc:
+                raise Conflict(f"agent {agent_id!r} already exists") from exc
+            assert row is not None
+            return C.agent_from_row(row)
+
+        return self._write(go)
+
+    def get_agent(self, workspace: str, agent_id: str) -> Agent | None:
+        rows = self._read(
+            "SELECT * FROM agent WHERE workspace = %s AND id = %s", (workspace, agent_id)
+        )
+        return C.agent_from_row(rows[0]) if rows else None
+
+    def list_agents(self, workspace: str) -> list[Agent]:
+        rows = self._read("SELECT * FROM agent WHERE workspace = %s ORDER BY id", (workspace,))
+        return [C.agent_from_row(r) for r in rows]
+
+    def add_enrollment(
+        self, workspace: str, agent_id: str, code_hash: str, expires_at: str
+    ) -> None:
+        def go(tx: _Tx) -> None:
+            self._need_agent(tx, workspace, agent_id)
+            try:
+                tx.run(
+                    "INSERT INTO enrollment (code_hash, workspace, agent_id, expires_at)"
+                    " VALUES (%s, %s, %s, %s)",
+                    (code_hash, workspace, agent_id, C.parse_dt(expires_at)),
+                )
+            except pgerr.UniqueViolation as exc:
+                raise Conflict("enrollment code already stored") from exc
+
+        self._write(go)
+
+    def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
+        row = self._write(
+            lambda tx: tx.one(
+                "UPDATE enrollment SET used_at = now() WHERE code_hash = %s AND used_at IS NULL"
+                " AND expires_at > now() RETURNING workspace, agent_id",
+                (code_hash,),
+            )
+        )
+        return None if row is None else (row["workspace"], row["agent_id"])
+
+    # -- grants -------------------------------------------------------------------------------
+    def add_grant(
+        self, workspace: str, caller: str, receiver: str, capabilities: Sequence[str]
+    ) -> Grant:
+        caps = list(dict.fromkeys(capabilities))
+
+        def go(tx: _Tx) -> Grant:
+            self._need_agent(tx, workspace, caller)
+            self._need_agent(tx, workspace, receiver)
+            row = tx.one(
+                "INSERT INTO agent_grant (id, workspace, caller, receiver, capabilities)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING *",
+                (C.new_id(), workspace, caller, receiver, json.dumps(caps)),
+            )
+            assert row is not None
+            return C.grant_from_row(row)
+
+        return self._write(go)
+
+    def revoke_grant(self, workspace: str, grant_id: str) -> bool:
+        return self._write(
+            lambda tx: (
+                tx.run(
+                    "UPDATE agent_grant SET revoked_at = now() WHERE workspace = %s AND id = %s"
+                    " AND revoked_at IS NULL",
+                    (workspace, grant_id),
+                )
+                == 1
+            )
+        )
+
+    def list_grants(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        include_revoked: bool = False,
+    ) -> list[Grant]:
+        sql = "SELECT * FROM agent_grant WHERE workspace = %s"
+        params: list[Any] = [workspace]
+        if caller is not None:
+            sql += " AND caller = %s"
+            params.append(caller)
+        if receiver is not None:
+            sql += " AND receiver = %s"
+            params.append(receiver)
+        if not include_revoked:
+            sql += " AND revoked_at IS NULL"
+        return [C.grant_from_row(r) for r in self._read(sql + " ORDER BY created_at, id", params)]
+
+    def granted_capabilities(self, workspace: str, caller: str, receiver: str) -> set[str]:
+        caps: set[str] = set()
+        for g in self.list_grants(workspace, caller=caller, receiver=receiver):
+            caps.update(g.capabilities)
+        return caps
+
+    # -- audit --------------------------------------------------------------------------------
+    def audit(
+        self,
+        workspace: str,
+        actor: str,
+        action: str,
+        subject: str,
+        allowed: bool,
+        rule: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        return self._write(
+            lambda tx: self._audit(
+                tx, workspace, actor, action, subject, allowed, rule, reason, detail
+            )
+        )
+
+    @staticmethod
+    def _audit(
+        tx: _Tx,
+        workspace: str,
+        actor: str,
+        action: str,
+        subject: str,
+        allowed: bool,
+        rule: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        row = tx.one(
+            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING seq",
+            (workspace, actor, action, subject, allowed, rule, reason, json.dumps(detail or {})),
+        )
+        assert row is not None
+        return int(row["seq"])
+
+    def audit_since(
+        self, workspace: str, after_seq: int = 0, limit: int = 100
+    ) -> list[AuditRecord]:
+        rows = self._read(
+            "SELECT * FROM audit WHERE workspace = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (workspace, after_seq, limit),
+        )
+        return [C.audit_from_row(r) for r in rows]
+
+    # -- tasks: caller side -------------------------------------------------------------------
+    def enqueue(self, task: NewTask) -> tuple[Task, bool]:
+        if task.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+
+        def go(tx: _Tx) -> tuple[Task, bool]:
+            row = tx.one(
+                "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
+                " state, payload, metadata, message_id, session_key, chain, hop, path,"
+                " max_attempts) VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, %s,"
+                " %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *",
+                (
+                    C.new_id(),
+                    task.workspace,
+                    task.caller,
+                    task.receiver,
+                    task.capability,
+                    task.context_id or C.new_id(),
+                    task.payload,
+                    task.metadata,
+                    task.message_id,
+                    task.session_key,
+                    task.chain,
+                    task.hop,
+                    json.dumps(list(task.path)),
+                    task.max_attempts,
+                ),
+            )
+            if row is not None:
+                tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
+                return C.task_from_row(row), True
+            existing = tx.one(
+                "SELECT * FROM task WHERE workspace = %s AND caller = %s AND message_id = %s",
+                (task.workspace, task.caller, task.message_id),
+            )
+            if existing is None:
+                raise StoreError("enqueue: insert suppressed without a duplicate")
+            return C.task_from_row(existing), False
+
+        return self._write(go)
+
+    def get_task(self, workspace: str, task_id: str) -> Task | None:
+        rows = self._read(
+            "SELECT * FROM task WHERE workspace = %s AND id = %s", (workspace, task_id)
+        )
+        return C.task_from_row(rows[0]) if rows else None
+
+    def list_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        sql = "SELECT * FROM task WHERE workspace = %s"
+        params: list[Any] = [workspace]
+        for col, val in (("caller", caller), ("receiver", receiver), ("context_id", context_id)):
+            if val is not None:
+                sql += f" AND {col} = %s"
+                params.append(val)
+        if states is not None:
+            if not states:
+                return []
+            sql += " AND state = ANY(%s)"
+            params.append([TaskState(s).value for s in states])
+        if after is not None:
+            sql += " AND seq < COALESCE((SELECT seq FROM task WHERE workspace = %s AND id = %s), 0)"
+            params += [workspace, after]
+        sql += " ORDER BY seq DESC LIMIT %s"
+        params.append(limit)
+        return [C.task_from_row(r) for r in self._read(sql, params)]
+
+    def cancel(self, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+        def go(tx: _Tx) -> tuple[Task | None, Outcome]:
+            row = tx.one(
+                "UPDATE task SET state = 'cancelled', updated_at = now(), finished_at = now(),"
+                " lease_expires_at = CASE WHEN state = 'leased' THEN LEAST(lease_expires_at,"
+                "   now() + %(grace)s * interval '1 millisecond') END,"
+                " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
+                " WHERE workspace = %(ws)s AND id = %(id)s"
+                "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
+                {"grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
+            )
+            if row is not None:
+                tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+                return C.task_from_row(row), Outcome.OK
+            row = tx.one(
+                "SELECT * FROM task WHERE workspace = %s AND id = %s", (workspace, task_id)
+            )
+            if row is None:
+                return None, Outcome.NOT_FOUND
+            task = C.task_from_row(row)
+            dup = task.state is TaskState.CANCELLED
+            return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
+
+        return self._write(go)
+
+    def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
+        def go(tx: _Tx) -> TaskEvent:
+            if tx.one("SELECT 1 AS x FROM task WHERE id = %s", (task_id,)) is None:
+                raise NotFoundError(f"unknown task {task_id!r}")
+            return self._event(tx, task_id, kind, body)
+
+        return self._write(go)
+
+    @staticmethod
+    def _event(tx: _Tx, task_id: str, kind: str, body: str) -> TaskEvent:
+        row = tx.one(
+            "INSERT INTO task_event (task_id, kind, body) VALUES (%s, %s, %s) RETURNING *",
+            (task_id, kind, body),
+        )
+        assert row is not None
+        tx.topics.append(task_topic(task_id))
+        return C.event_from_row(row)
+
+    def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]:
+        rows = self._read(
+            "SELECT * FROM task_event WHERE task_id = %s AND seq > %s ORDER BY seq",
+            (task_id, after_seq),
+        )
+        return [C.event_from_row(r) for r in rows]
+
+    # -- tasks: receiver side -----------------------------------------------------------------
+    def _settle_expired(self, tx: _Tx, workspace: str | None, receiver: str | None) -> int:
+        """Expired holds: leased → queued (epoch bumped) or failed when attempts are spent;
+        cancelled-in-grace → slot released. Rows another replica is settling are skipped."""
+        where = "lease_expires_at <= now()"
+        params: dict[str, Any] = {}
+        if workspace is not None:
+            where += " AND workspace = %(ws)s AND receiver = %(rcv)s"
+            params = {"ws": workspace, "rcv": receiver}
+        rows = tx.all(
+            f"WITH exp AS MATERIALIZED (SELECT seq FROM task WHERE {where}"
+            "   ORDER BY lease_expires_at LIMIT 500 FOR UPDATE SKIP LOCKED)"
+            " UPDATE task t SET"
+            " state = CASE WHEN t.state <> 'leased' THEN t.state"
+            "   WHEN t.attempt >= t.max_attempts THEN 'failed' ELSE 'queued' END,"
+            " lease_epoch = CASE WHEN t.state = 'leased' THEN t.lease_epoch + 1"
+            "   ELSE t.lease_epoch END,"
+            " error = CASE WHEN t.state = 'leased' THEN 'lease expired' ELSE t.error END,"
+            " finished_at = CASE WHEN t.state = 'leased' AND t.attempt >= t.max_attempts"
+            "   THEN now() ELSE t.finished_at END,"
+            " run_after = CASE WHEN t.state = 'leased' THEN now() ELSE t.run_after END,"
+            " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+            " FROM exp WHERE t.seq = exp.seq AND t.lease_expires_at <= now()"
+            " RETURNING t.id, t.workspace, t.receiver, t.state, t.attempt, t.max_attempts",
+            params,
+        )
+        for r in rows:
+            tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
+            if r["state"] != "cancelled":
+                self._audit(
+                    tx,
+                    r["workspace"],
+                    "relay",
+                    "lease.expired",
+                    r["id"],
+                    True,
+                    "queue.lease",
+                    "lease expired; "
+                    + ("attempts spent, failed" if r["state"] == "failed" else "queued again"),
+                    {"attempt": r["attempt"], "max_attempts": r["max_attempts"]},
+                )
+        return len(rows)
+
+    def claim(
+        self,
+        workspace: str,
+        receiver: str,
+        owner: str,
+        *,
+        limit: int = 1,
+        lease_seconds: float = 30.0,
+    ) -> list[Lease]:
+        if limit < 1:
+            return []
+
+        def go(tx: _Tx) -> list[Lease]:
+            self._settle_expired(tx, workspace, receiver)
+            rows = tx.all(
+                "WITH cand AS MATERIALIZED (SELECT t.seq FROM task t"
+                "   WHERE t.workspace = %(ws)s AND t.receiver = %(rcv)s AND t.state = 'queued'"
+                "     AND t.run_after <= now()"
+                "     AND (t.session_key IS NULL OR ("
+                "       NOT EXISTS (SELECT 1 FROM task o WHERE o.workspace = t.workspace"
+                "         AND o.session_key = t.session_key AND o.state IN ('queued', 'leased')"
+                "         AND o.seq < t.seq)"
+                "       AND NOT EXISTS (SELECT 1 FROM task h WHERE h.workspace = t.workspace"
+                "         AND h.session_key = t.session_key AND h.lease_expires_at IS NOT NULL)))"
+                "   ORDER BY t.seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
+                " UPDATE task t SET state = 'leased', attempt = t.attempt + 1,"
+                " lease_epoch = t.lease_epoch + 1, lease_owner = %(owner)s, leased_at = now(),"
+                " lease_expires_at = now() + %(ttl)s * interval '1 millisecond',"
+                " updated_at = now()"
+                " FROM cand WHERE t.seq = cand.seq AND t.state = 'queued' RETURNING t.*",
+                {
+                    "owner": owner,
+                    "ttl": round(lease_seconds * 1000),
+                    "ws": workspace,
+                    "rcv": receiver,
+                    "n": limit,
+                },
+            )
+            rows.sort(key=lambda r: int(r["seq"]))
+            leases = []
+            for r in rows:
+                task = C.task_from_row(r)
+                tx.topics.append(task_topic(task.id))
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+            return leases
+
+        return self._write(go)
+
+    @staticmethod
+    def _why_not(tx: _Tx, task_id: str, epoch: int, done: tuple[str, ...]) -> Outcome:
+        """A fenced write matched nothing: say why, and let a cancelled task's receiver free
+        its session slot with any write that carries the right epoch."""
+        row = tx.one(
+            "SELECT workspace, receiver, state, lease_epoch, lease_expires_at FROM task"
+            " WHERE id = %s FOR UPDATE",
+            (task_id,),
+        )
+        if row is None:
+            return Outcome.NOT_FOUND
+        if row["lease_epoch"] != epoch:
+            return Outcome.LEASE_LOST
+        if row["state"] in done:
+            return Outcome.DUPLICATE
+        if row["state"] == "cancelled" and row["lease_expires_at"] is not None:
+            tx.run(
+                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = now()"
+                " WHERE id = %s",
+                (task_id,),
+            )
+            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+        return Outcome.LEASE_LOST
+
+    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> Outcome:
+        def go(tx: _Tx) -> Outcome:
+            n = tx.run(
+                "UPDATE task SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                " WHERE id = %s AND lease_epoch = %s AND state = 'leased'",
+                (round(lease_seconds * 1000), task_id, epoch),
+            )
+            if n == 1:
+                return Outcome.OK
+            found = tx.one("SELECT 1 AS x FROM task WHERE id = %s", (task_id,))
+            return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+
+        return self._write(go)
+
+    def progress(self, task_id: str, epoch: int, kind: str, body: str) -> Outcome:
+        def go(tx: _Tx) -> Outcome:
+            live = tx.one(
+                "SELECT 1 AS x FROM task WHERE id = %s AND lease_epoch = %s AND state = 'leased'"
+                " FOR SHARE",
+                (task_id, epoch),
+            )
+            if live is None:
+                found = tx.one("SELECT 1 AS x FROM task WHERE id = %s", (task_id,))
+                return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+            self._event(tx, task_id, kind, body)
+            return Outcome.OK
+
+        return self._write(go)
+
+    def _complete_rows(
+        self, tx: _Tx, items: Sequence[tuple[str, int, str]], state: str
+    ) -> list[Outcome]:
+        """One UPDATE for the whole batch (unnest), then explain the misses one by one."""
+        rows = tx.all(
+            "UPDATE task t SET state = %s, result = v.res, lease_owner = NULL,"
+            " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+            " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS v(id, ep, res)"
+            " WHERE t.id = v.id AND t.lease_epoch = v.ep AND t.state = 'leased'"
+            " RETURNING t.id, t.workspace, t.receiver, t.session_key",
+            (
+                state,
+                [i[0] for i in items],
+                [i[1] for i in items],
+                [i[2] for i in items],
+            ),
+        )
+        won = {r["id"]: r for r in rows}
+        outcomes: list[Outcome] = []
+        for tid, ep, _ in items:
+            r = won.pop(tid, None)
+            if r is None:
+                outcomes.append(self._why_not(tx, tid, ep, ("succeeded", "input_required")))
+                continue
+            outcomes.append(Outcome.OK)
+            tx.topics.append(task_topic(tid))
+            if r["session_key"] is not None:
+                tx.topics.append(receiver_topic(r["workspace"], r["receiver"]))
+        return outcomes
+
+    def complete(
+        self, task_id: str, epoch: int, result: str, *, input_required: bool = False
+    ) -> Outcome:
+        state = "input_required" if input_required else "succeeded"
+        return self._write(lambda tx: self._complete_rows(tx, [(task_id, epoch, result)], state))[0]
+
+    def complete_many(self, items: Sequence[tuple[str, int, str]]) -> list[Outcome]:
+        if not items:
+            return []
+        return self._write(lambda tx: self._complete_rows(tx, items, "succeeded"))
+
+    def fail(
+        self,
+        task_id: str,
+        epoch: int,
+        error: str,
+        *,
+        retryable: bool = True,
+        backoff_seconds: float = 1.0,
+    ) -> Outcome:
+        def go(tx: _Tx) -> Outcome:
+            row = tx.one(
+                "UPDATE task SET"
+                " state = CASE WHEN %(retry)s AND attempt < max_attempts THEN 'queued'"
+                "   ELSE 'failed' END,"
+                " finished_at = CASE WHEN %(retry)s AND attempt < max_attempts THEN NULL"
+                "   ELSE now() END,"
+                " run_after = now() + %(backoff)s * interval '1 millisecond', error = %(err)s,"
+                " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                " WHERE id = %(id)s AND lease_epoch = %(ep)s AND state = 'leased'"
+                " RETURNING workspace, receiver",
+                {
+                    "retry": retryable,
+                    "backoff": max(0, round(backoff_seconds * 1000)),
+                    "err": error,
+                    "id": task_id,
+                    "ep": epoch,
+                },
+            )
+            if row is None:
+                return self._why_not(tx, task_id, epoch, ("queued", "failed"))
+            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+            return Outcome.OK
+
+        return self._write(go)
+
+    def ack_cancel(self, task_id: str, epoch: int) -> Outcome:
+        def go(tx: _Tx) -> Outcome:
+            row = tx.one(
+                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = now()"
+                " WHERE id = %s AND lease_epoch = %s AND state = 'cancelled'"
+                " AND lease_expires_at IS NOT NULL RETURNING workspace, receiver",
+                (task_id, epoch),
+            )
+            if row is not None:
+                tx.topics += [
+                    receiver_topic(row["workspace"], row["receiver"]),
+                    task_topic(task_id),
+                ]
+                return Outcome.OK
+            return self._why_not(tx, task_id, epoch, ("cancelled",))
+
+        return self._write(go)
+
+    def sweep(self) -> int:
+        return self._write(lambda tx: self._settle_expired(tx, None, None))
+
+    # -- test hooks ---------------------------------------------------------------------------
+    def expire_leases(self, task_ids: Sequence[str] | None = None) -> int:
+        """Make leases (all, or these) expire now, without waiting out a TTL. For tests and
+        drills; the next claim or sweep settles them exactly as a real expiry."""
+        sql = (
+            "UPDATE task SET lease_expires_at = now() - interval '1 millisecond'"
+            " WHERE lease_expires_at IS NOT NULL"
+        )
+        if task_ids is None:
+            return self._write(lambda tx: tx.run(sql))
+        return self._write(lambda tx: tx.run(sql + " AND id = ANY(%s)", (list(task_ids),)))
