@@ -14,9 +14,11 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -145,6 +147,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
+    after shutdown (which would skip closing the store and report a kill to systemd)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     """Run one replica until SIGINT/SIGTERM; return an exit status."""
 
@@ -187,7 +206,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             timeout_graceful_shutdown=5,
             proxy_headers=False,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         say(f"listening on {url}" + (f" (public URL {public})" if public != url else ""))
         say("ready; Ctrl-C or SIGTERM stops it gracefully")
         server.run(sockets=[sock])

@@ -1,0 +1,240 @@
+"""The receiver API over real HTTP on both backends, driven by the real ReceiverClient.
+
+Tasks are accepted through the store API in-process (the A2A entry is its own component);
+every receiver step goes through a running ``mellan relay``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from melchior.mellan.receiver_client import ClaimedTask, ReceiverClient, ReceiverError
+from melchior.mellan.store.base import Outcome, Store
+from relay_proc import (
+    RelayProc,
+    db_url_fixture,
+    enqueue,
+    enroll_and_join,
+    ok,
+    relay_fixture,
+    setup_pair,
+    store_fixture,
+)
+
+__all__ = ["db_url_fixture", "relay_fixture", "store_fixture"]
+
+BIG = (
+    '{"role":"ROLE_USER","parts":[{"data":{"n":12345678901234567890,"f":0.10000000000000000001}}]}'
+)
+
+
+def audit(relay: RelayProc) -> list[dict[str, Any]]:
+    with relay.owner() as c:
+        records: list[dict[str, Any]] = ok(c.get("/api/audit", params={"limit": 1000}))["records"]
+    return records
+
+
+def task(relay: RelayProc, task_id: str) -> dict[str, Any]:
+    with relay.owner() as c:
+        view: dict[str, Any] = ok(c.get(f"/api/tasks/{task_id}"))
+    return view
+
+
+def claim_one(rc: ReceiverClient, **kw: Any) -> ClaimedTask:
+    leases = rc.claim(wait=kw.pop("wait", 0), **kw)
+    assert len(leases) == 1, leases
+    return leases[0]
+
+
+def test_claim_carries_the_payload_verbatim_and_complete_is_idempotent(
+    relay: RelayProc, store: Store
+) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store, BIG)
+    with httpx.Client(base_url=relay.url, headers={"authorization": f"Bearer {ops}"}) as c:
+        raw = c.post("/api/receiver/claim", json={"limit": 1, "wait": 0, "lease_seconds": 30})
+    assert raw.status_code == 200
+    assert BIG in raw.text  # spliced verbatim: no float rounding, no re-spacing
+    lease = raw.json()["leases"][0]
+    assert lease["task"]["payload"]["parts"][0]["data"]["n"] == 12345678901234567890
+    assert lease["task"]["id"] == task_id and lease["task"]["state"] == "leased"
+    assert lease["epoch"] >= 1 and lease["expires_at"]
+    result = {"message": {"role": "ROLE_AGENT", "parts": [{"data": {"n": 98765432109876543210}}]}}
+    with ReceiverClient(relay.url, ops) as rc:
+        done = rc.complete(task_id, lease["epoch"], result)
+        assert done.outcome is Outcome.OK
+        again = rc.complete(task_id, lease["epoch"], result)
+        assert again.outcome is Outcome.DUPLICATE and again.ok
+        assert rc.claim(wait=0) == []
+    view = task(relay, task_id)
+    assert view["state"] == "succeeded"
+    assert view["result"]["message"]["parts"][0]["data"]["n"] == 98765432109876543210
+    with relay.owner() as c:
+        assert "98765432109876543210" in c.get(f"/api/tasks/{task_id}").text
+    actions = [r["action"] for r in audit(relay) if r["subject"] == task_id]
+    assert actions.count("task.claim") == 1 and "task.complete" in actions
+
+
+def test_stale_epoch_is_rejected_and_audited(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    with ReceiverClient(relay.url, ops) as rc:
+        first = claim_one(rc)
+        assert store.expire_leases([task_id]) == 1  # type: ignore[attr-defined]
+        second = claim_one(rc)
+        assert second.task_id == task_id and second.epoch > first.epoch
+        for write in (
+            lambda: rc.renew(task_id, first.epoch),
+            lambda: rc.progress(task_id, first.epoch, "status", {"state": "working"}),
+            lambda: rc.complete(task_id, first.epoch, {"message": {"parts": []}}),
+            lambda: rc.fail(task_id, first.epoch, "zombie"),
+        ):
+            out = write()
+            assert out.lease_lost and out.reason == "stale-epoch", out
+        assert rc.renew(task_id, second.epoch).outcome is Outcome.OK
+        assert rc.complete(task_id, second.epoch, {}).outcome is Outcome.OK
+    lost = [r for r in audit(relay) if r["action"] == "lease.lost" and r["subject"] == task_id]
+    assert len(lost) == 4 and all(not r["allowed"] and r["rule"] == "stale-epoch" for r in lost)
+    assert task(relay, task_id)["state"] == "succeeded"
+
+
+def test_expired_leases_are_reclaimed_and_attempts_bounded(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store, max_attempts=2)
+    with ReceiverClient(relay.url, ops) as rc:
+        one = claim_one(rc)
+        assert one.task["attempt"] == 1
+        store.expire_leases([task_id])  # type: ignore[attr-defined]
+        two = claim_one(rc)
+        assert two.task["attempt"] == 2 and two.epoch > one.epoch
+        store.expire_leases([task_id])  # type: ignore[attr-defined]
+        assert rc.claim(wait=0) == []
+        assert rc.complete(task_id, two.epoch, {}).lease_lost
+    view = task(relay, task_id)
+    assert view["state"] == "failed" and view["attempt"] == 2
+
+
+def test_cancel_queued_and_leased(relay: RelayProc, store: Store) -> None:
+    codex, ops = setup_pair(relay)
+    queued = enqueue(store)
+    with relay.owner() as c:
+        assert ok(c.post(f"/api/tasks/{queued}/cancel"))["outcome"] == "ok"
+        assert ok(c.post(f"/api/tasks/{queued}/cancel"))["outcome"] == "duplicate"
+    leased = enqueue(store)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        assert lease.task_id == leased  # the cancelled one was never handed out
+        with relay.client(codex) as c:  # the caller may cancel its own task
+            assert ok(c.post(f"/api/tasks/{leased}/cancel"))["outcome"] == "ok"
+        renewed = rc.renew(leased, lease.epoch)
+        assert renewed.lease_lost and renewed.reason == "cancelled"
+        assert rc.cancel_ack(leased, lease.epoch).outcome is Outcome.OK
+        assert rc.cancel_ack(leased, lease.epoch).outcome is Outcome.DUPLICATE
+        assert rc.complete(leased, lease.epoch, {}).lease_lost
+    assert task(relay, leased)["state"] == "cancelled"
+    with relay.owner() as c:
+        r = c.post(f"/api/tasks/{leased}/cancel")
+        assert ok(r)["outcome"] == "duplicate"
+    done = enqueue(store)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        rc.complete(done, lease.epoch, {})
+    with relay.owner() as c:
+        r = c.post(f"/api/tasks/{done}/cancel")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "not-cancelable"
+    cancels = [r for r in audit(relay) if r["action"] == "task.cancel"]
+    assert [r["allowed"] for r in cancels] == [True, True, False]
+
+
+def test_fail_retries_then_fails(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store, max_attempts=3)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        assert rc.fail(task_id, lease.epoch, "flaky", retry_after=0).outcome is Outcome.OK
+        assert task(relay, task_id)["state"] == "queued"
+        lease = claim_one(rc)
+        out = rc.fail(task_id, lease.epoch, "broken for good", retryable=False)
+        assert out.outcome is Outcome.OK
+    view = task(relay, task_id)
+    assert view["state"] == "failed" and view["error"] == "broken for good"
+
+
+def test_progress_events_are_recorded_in_order(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        rc.progress(task_id, lease.epoch, "status", {"text": "looking"})
+        rc.progress(task_id, lease.epoch, "artifact", {"artifactId": "a1", "n": 2**70})
+        with pytest.raises(ReceiverError) as bad:
+            rc.progress(task_id, lease.epoch, "shout", {})
+        assert bad.value.status == 400 and "kind" in bad.value.reason
+    events = task(relay, task_id)["events"]
+    assert [e["kind"] for e in events] == ["status", "artifact"]
+    assert events[1]["body"]["n"] == 2**70
+
+
+def test_long_poll_claim_wakes_when_work_arrives(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    got: list[ClaimedTask] = []
+
+    def wait_for_work() -> None:
+        with ReceiverClient(relay.url, ops) as rc:
+            got.extend(rc.claim(wait=30))
+
+    t = threading.Thread(target=wait_for_work)
+    t.start()
+    task_id = enqueue(store)
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert [g.task_id for g in got] == [task_id]
+
+
+def test_receiver_api_is_limited_to_the_agents_own_tasks(relay: RelayProc, store: Store) -> None:
+    codex, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    with ReceiverClient(relay.url, codex) as rc:  # the caller is not the receiver
+        assert rc.claim(wait=0) == []
+        out = rc.renew(task_id, 1)
+        assert out.outcome is Outcome.NOT_FOUND
+    with ReceiverClient(relay.url, relay.owner_token) as rc:
+        with pytest.raises(ReceiverError) as owner:
+            rc.claim(wait=0)
+        assert owner.value.status == 403 and owner.value.code == "agent-only"
+    with ReceiverClient(relay.url, "mln_wrong") as rc:
+        with pytest.raises(ReceiverError) as wrong:
+            rc.claim(wait=0)
+        assert wrong.value.status == 401
+    with ReceiverClient(relay.url, ops) as rc:
+        with pytest.raises(ReceiverError) as bad:
+            rc.claim(limit=0)
+        assert bad.value.status == 400 and "limit" in bad.value.reason
+        assert rc.renew("no-such-task", 1).outcome is Outcome.NOT_FOUND
+
+
+def test_agents_see_tasks_they_sent_or_received(relay: RelayProc, store: Store) -> None:
+    codex, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    stranger = "local/stranger"
+    with relay.owner() as c:
+        ok(c.post("/api/agents", json={"id": stranger}), 201)
+    other = enroll_and_join(relay, stranger)
+    for token in (codex, ops):
+        with relay.client(token) as c:
+            assert [t["id"] for t in ok(c.get("/api/tasks"))["tasks"]] == [task_id]
+            assert ok(c.get(f"/api/tasks/{task_id}"))["payload"] == {"text": "hi"}
+    with relay.client(other) as c:
+        assert ok(c.get("/api/tasks"))["tasks"] == []
+        assert c.get(f"/api/tasks/{task_id}").status_code == 404
+        assert c.post(f"/api/tasks/{task_id}/cancel").status_code == 404
+    with relay.client(ops) as c:  # the receiver cannot cancel; it fails through its lease
+        assert c.post(f"/api/tasks/{task_id}/cancel").status_code == 404
+    with relay.owner() as c:
+        r = c.get("/api/tasks", params={"state": "queued,leased"})
+        assert [t["id"] for t in ok(r)["tasks"]] == [task_id]
+        assert c.get("/api/tasks", params={"state": "bogus"}).status_code == 400
