@@ -22,8 +22,6 @@ from typing import Any
 from melchior import names
 from melchior.policy.hops import Chain, check_hop, first_hop, next_hop
 from melchior.policy.walls import Talk, between
-from melchior.session import reports
-from melchior.session.client import Unreachable, call_once
 from melchior.session.identity import Identity, for_tool
 from melchior.session.registry import Registry
 from melchior.wire.envelope import Refused
@@ -224,6 +222,9 @@ class Context:
         return who
 
     def call(self, who: str, verb: str, args: list[Any], **extra: Any) -> list[Any]:
+        # Imported here: 'who', reading reports and --schema never open a socket.
+        from melchior.session.client import Unreachable, call_once
+
         try:
             return call_once(self.reg.path(who), verb, args, sender=self.sender, who=who, **extra)
         except Unreachable as exc:
@@ -289,8 +290,8 @@ def verb_status(ctx: Context, req: Request) -> list[Any]:
 def verb_tell(ctx: Context, req: Request) -> list[Any]:
     if req.message is None:
         raise Usage("'tell' needs --message=<text>")
-    who = ctx.reach(req.who, verb="tell")
     chain = ctx.chain(req.chain)
+    who = ctx.reach(req.who, verb="tell")
     args: list[Any] = [req.message, req.sort or "attention"]
     result = ctx.call(who, "tell", args, chain=chain.as_dict())
     return [{**r, "who": who, **chain.as_dict()} for r in result]
@@ -300,8 +301,8 @@ def verb_ask(ctx: Context, req: Request) -> list[Any]:
     ctx.need_me("ask")
     if req.message is None:
         raise Usage("'ask' needs --message=<text>")
-    who = ctx.reach(req.who, verb="ask")
     chain = ctx.chain(req.chain)
+    who = ctx.reach(req.who, verb="ask")
     result = ctx.call(who, "ask", [req.message], chain=chain.as_dict())
     return [{**r, "who": who} for r in result]
 
@@ -363,6 +364,8 @@ def verb_task(ctx: Context, req: Request) -> list[Any]:
 
 
 def verb_report(ctx: Context, req: Request) -> list[Any]:
+    from melchior.session import reports
+
     if req.message is not None or req.about == "-":
         return _submit_report(ctx, req)
     if req.about not in (None, "json"):
@@ -378,6 +381,8 @@ def verb_report(ctx: Context, req: Request) -> list[Any]:
 
 
 def _submit_report(ctx: Context, req: Request) -> list[Any]:
+    from melchior.session import reports
+
     me = ctx.need_me("report")
     if req.message is not None and req.about == "-":
         raise Usage("give the report as --message or on stdin with --about=-, not both")

@@ -1,0 +1,250 @@
+"""The registry's faults, each provoked for real: stale sockets, half-started servers,
+replaced inodes, wrong modes, a deleted directory, other uids and bad calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from melchior.session import serve as serve_mod
+from melchior.session.client import Unreachable, call_once, connect, request
+from melchior.session.registry import probe
+from melchior.wire import frames
+from melchior.wire.envelope import Refused
+from session_harness import WAIT, Harness, melchior
+
+
+@pytest.fixture
+def harness(runtime_dir: Path, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(runtime_dir, tmp_path / "config")
+    yield h
+    h.close()
+
+
+def test_a_killed_serve_is_found_stale_on_the_first_call_and_removed(harness: Harness) -> None:
+    root = harness.start()
+    victim = harness.start()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    assert victim.at.exists()  # killed: it did not get to clean up
+    r = root.tool("--verb=tell", f"--who={victim.id}", "--message=are you there?")
+    assert r.rc == 1 and r.error["code"] == "stale" and r.error["receipt"] == "refused"
+    assert not victim.at.exists()
+    r = root.tool("--verb=tell", f"--who={victim.id}", "--message=again?")
+    assert r.rc == 1 and r.error["code"] == "unknown"
+
+
+def test_a_server_between_bind_and_listen_is_not_mistaken_for_dead(tmp_path: Path) -> None:
+    path = tmp_path / "alpha-beta"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.fspath(path))  # bound, not listening: refuses exactly like a dead one
+    try:
+        assert probe(path, pause=lambda: s.listen(1)) == "live"
+        assert path.exists()
+    finally:
+        s.close()
+
+
+def test_publishing_uses_a_hidden_name_until_listening(harness: Harness) -> None:
+    root = harness.start()
+    half = harness.registry / ".kappa-pi.tmp"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.fspath(half))
+    try:
+        assert {x["id"] for x in harness.tool("--verb=who").result} == {root.id}
+        assert half.exists()
+    finally:
+        s.close()
+
+
+def test_a_replaced_inode_is_not_unlinked_by_the_prober(tmp_path: Path) -> None:
+    path = tmp_path / "alpha-beta"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(os.fspath(path))
+    dead.close()
+    fresh = socket.socket(socket.AF_UNIX)
+
+    def replace() -> None:
+        os.unlink(path)
+        fresh.bind(os.fspath(path))
+        fresh.listen(1)
+
+    try:
+        assert probe(path, pause=replace) == "live"
+        assert path.exists()
+    finally:
+        fresh.close()
+
+
+def test_a_replaced_inode_is_not_unlinked_by_serve_on_exit(harness: Harness) -> None:
+    root = harness.start()
+    other = socket.socket(socket.AF_UNIX)
+    tmp = harness.registry / ".replacement"
+    other.bind(os.fspath(tmp))
+    os.replace(tmp, root.at)
+    try:
+        assert root.close() == 0
+        assert root.at.exists()  # the replacement survived serve's clean-up
+    finally:
+        other.close()
+
+
+def test_a_wrong_mode_directory_is_refused(harness: Harness) -> None:
+    harness.start().close()
+    harness.registry.chmod(0o755)
+    proc = subprocess.run(melchior("serve"), env=harness.env(), capture_output=True, timeout=WAIT)
+    assert proc.returncode == 2 and b"chmod 700" in proc.stderr
+    r = harness.tool("--verb=who")
+    assert r.rc == 1 and "0755" in r.error["reason"]
+
+
+def test_a_deleted_runtime_directory_is_recovered(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    shutil.rmtree(harness.runtime_dir / "melchior")
+    root.doing(busy=False)  # a doing line makes serve check at once
+    child.doing(busy=False)
+    again = root.next_event("listening")
+    assert again["recovered"] is True and Path(again["at"]) == root.at
+    assert child.next_event("listening")["recovered"] is True
+    assert child.tool("--verb=status").one["parent"] == root.id
+    r = child.tool("--verb=tell", f"--who={root.id}", "--message=still here")
+    assert r.one["receipt"] == "delivered"
+
+
+def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: Harness) -> None:
+    root = harness.start()
+    with pytest.raises(Refused) as exc:
+        call_once(root.at, "dance", [], sender=None, who=root.id)
+    assert exc.value.code == "unknown-verb" and "status" in exc.value.reason
+    with pytest.raises(Refused) as exc:
+        call_once(root.at, "tell", [42], sender=None, who=root.id)
+    assert exc.value.code == "bad-args"
+    with pytest.raises(Refused) as exc:
+        call_once(root.at, "tell", ["x", "shout"], sender=None, who=root.id)
+    assert exc.value.code == "bad-args" and "attention" in exc.value.reason
+    with pytest.raises(Refused) as exc:
+        call_once(root.at, "ask", ["anonymous?"], sender=None, who=root.id)
+    assert exc.value.code == "anonymous"
+    sock = connect(root.at, who=root.id)
+    try:
+        reply = request(sock, {"call": "status", "args": [], "family": 99}, who=root.id)
+        assert reply["ok"] is False and reply["error"]["code"] == "unknown-family"
+        # The connection is still usable after a refusal.
+        reply = request(sock, {"call": "status", "args": []}, who=root.id)
+        assert reply["ok"] is True
+        sock.sendall(struct.pack(">I", 3) + b"\xff\xfe\xfd")
+        bad = frames.recv(sock)
+        assert bad is not None and bad["error"]["code"] == "bad-encoding"
+    finally:
+        sock.close()
+
+
+def test_the_verbs_call_matches_melchior_verbs(harness: Harness) -> None:
+    root = harness.start()
+    listed = call_once(root.at, "verbs", [], sender=None, who=root.id)
+    printed = subprocess.run(melchior("verbs"), capture_output=True, check=True, timeout=WAIT)
+    import json
+
+    assert json.loads(printed.stdout)["result"] == listed
+    assert {v["name"] for v in listed} >= {"status", "tell", "ask", "answer", "report", "end"}
+
+
+def test_oversized_and_non_utf8_reports_are_refused_and_nothing_is_lost(harness: Harness) -> None:
+    from melchior.session.reports import MAX_REPORT
+
+    root = harness.start()
+    assert root.tool("--verb=report", "--message=keep me").one["revision"] == 1
+    big = root.tool("--verb=report", "--about=-", stdin=b"x" * (MAX_REPORT + 1))
+    assert (
+        big.rc == 1
+        and "limit" in big.error["reason"]
+        and "nothing was stored" in big.error["reason"]
+    )
+    bad = root.tool("--verb=report", "--about=-", stdin=b"ok so far \xc3\x28")
+    assert (
+        bad.rc == 1
+        and "not valid UTF-8" in bad.error["reason"]
+        and "offset 10" in bad.error["reason"]
+    )
+    kept = root.tool("--verb=report", "--about=json").one
+    assert (kept["text"], kept["revision"]) == ("keep me", 1)
+
+
+# -- other uids ------------------------------------------------------------------------------
+
+
+def _serve_in_process(path: Path, fake_uid: int | None, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """Run one Serve.connection for a peer and return what the peer read."""
+    from melchior.session.identity import Identity
+    from melchior.session.registry import Registry
+
+    if fake_uid is not None:
+        monkeypatch.setattr(serve_mod, "peer_uid", lambda _sock: fake_uid)
+
+    async def main() -> bytes:
+        me = Identity("demo", "alpha-beta", "main", None, None)
+        srv = serve_mod.Serve(me, Registry(path.parent, "demo"), "instance", serve_mod.Output(None))
+        server = await asyncio.start_unix_server(srv.connection, path=os.fspath(path))
+        async with server:
+            os.chmod(path, 0o777)
+            proc = await asyncio.create_subprocess_exec(
+                *_peer_cmd(path, drop=fake_uid is None), stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await proc.communicate()
+            return out
+
+    return asyncio.run(main())
+
+
+def _peer_cmd(path: Path, *, drop: bool) -> list[str]:
+    code = (
+        "import os,socket,struct,sys\n"
+        + ("os.setgid(65534); os.setuid(65534)\n" if drop else "")
+        + "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        # A refused peer is told at once, before it says anything.
+        "sys.stdout.buffer.write(s.recv(65536))\n"
+    )
+    return [sys.executable, "-c", code, os.fspath(path)]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a real second uid needs root to switch to")
+def test_a_peer_of_another_uid_is_refused_by_kernel_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="mo-", dir="/tmp"))
+    d.chmod(0o777)  # reachable by uid 65534: only the credential check stands in the way
+    try:
+        got = _serve_in_process(d / "alpha-beta", None, monkeypatch)
+    finally:
+        shutil.rmtree(d)
+    assert b"other-uid" in got and b"own user" in got
+
+
+def test_a_peer_of_another_uid_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    got = _serve_in_process(tmp_path / "alpha-beta", os.getuid() + 1, monkeypatch)
+    assert b"other-uid" in got
+
+
+def test_the_client_refuses_a_server_of_another_uid(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from melchior.session import client
+
+    root = harness.start()
+    monkeypatch.setattr(client, "peer_uid", lambda _sock: os.getuid() + 1)
+    with pytest.raises(Unreachable) as exc:
+        connect(root.at, who=root.id)
+    assert exc.value.code == "other-uid"

@@ -1,0 +1,177 @@
+"""tell, ask, answer, task, report and end between live sessions, with truthful receipts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from melchior.policy.fence import unfence
+from melchior.session.client import call_once
+from melchior.wire.envelope import Refused
+from session_harness import Harness
+
+
+@pytest.fixture
+def harness(runtime_dir: Path, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(runtime_dir, tmp_path / "config")
+    yield h
+    h.close()
+
+
+def test_tell_reaches_the_harness_fenced_with_ids_and_chain(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    r = child.tool("--verb=tell", f"--who={root.id}", "--message=the parser is done")
+    receipt = r.one
+    assert r.rc == 0 and receipt["receipt"] == "delivered" and receipt["hop"] == 1
+    got = root.next_event("message")
+    assert got["who"] == f"demo/sub/{child.id}" and got["sort"] == "attention"
+    assert got["text"] == "the parser is done" and got["message_id"] == receipt["message_id"]
+    assert (got["chain"], got["hop"], got["path"]) == (receipt["chain"], 1, [child.id])
+    assert unfence(got["fenced"]) == (f"demo/sub/{child.id}", "attention", "the parser is done")
+
+
+def test_a_busy_recipient_queues_and_says_so(harness: Harness) -> None:
+    root = harness.start()
+    root.doing(busy=True, working_for=1, waiting=0)
+    for _ in range(200):
+        if harness.tool("--verb=status", f"--who={root.id}").one["busy"]:
+            break
+    r = harness.tool("--verb=tell", f"--who={root.id}", "--message=when you can", "--sort=note")
+    assert r.one["receipt"] == "queued"
+    assert root.next_event("message")["sort"] == "note"
+
+
+def test_the_operator_tells_as_project_operator(harness: Harness) -> None:
+    root = harness.start()
+    assert harness.tool("--verb=tell", f"--who={root.id}", "--message=hi").rc == 0
+    assert root.next_event("message")["who"] == "demo/operator/-"
+
+
+def test_the_hop_count_carries_and_the_fifth_hop_is_refused(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    hop3 = json.dumps({"chain": "c1", "hop": 3, "path": ["x", "y", "z"]})
+    r = child.tool("--verb=tell", f"--who={root.id}", "--message=4th", f"--chain={hop3}")
+    assert r.one["hop"] == 4 and r.one["path"] == ["x", "y", "z", child.id]
+    assert root.next_event("message")["hop"] == 4
+    hop4 = json.dumps({"chain": "c1", "hop": 4, "path": ["x", "y", "z", "w"]})
+    r = child.tool("--verb=tell", f"--who={root.id}", "--message=5th", f"--chain={hop4}")
+    assert r.rc == 1 and r.error["rule"] == "hop-limit"
+    # The recipient refuses it too when a caller skips the tool.
+    with pytest.raises(Refused) as exc:
+        call_once(
+            root.at,
+            "tell",
+            ["5th"],
+            sender=child.id,
+            who=root.id,
+            chain={"chain": "c1", "hop": 5, "path": ["a", "b", "c", "d", "e"]},
+        )
+    assert exc.value.detail["rule"] == "hop-limit"
+
+
+def test_ask_answer_task(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    asked = root.tool("--verb=ask", f"--who={child.id}", "--message=is the parser done?").one
+    about = asked["about"]
+    assert about.startswith(f"{child.id}@") and asked["receipt"] == "delivered"
+    q = child.next_event("message")
+    assert (q["sort"], q["about"], q["text"]) == ("question", about, "is the parser done?")
+    pending = root.tool("--verb=task", f"--about={about}").one
+    assert pending["state"] == "pending"
+    # Only the one asked may answer.
+    other = root.spawn()
+    wrong = other.tool("--verb=answer", f"--about={about}", "--message=yes")
+    assert wrong.rc == 1 and child.id in wrong.error["reason"]
+    ans = child.tool("--verb=answer", f"--about={about}", "--message=yes, merged")
+    assert ans.one["receipt"] == "delivered"
+    got = root.next_event("message")
+    assert (got["sort"], got["about"], got["text"]) == ("answer", about, "yes, merged")
+    done = root.tool("--verb=task", f"--about={about}").one
+    assert (done["state"], done["answer"], done["receipt"]) == (
+        "answered",
+        "yes, merged",
+        "answered",
+    )
+    again = child.tool("--verb=answer", f"--about={about}", "--message=twice")
+    assert again.rc == 1 and "already answered" in again.error["reason"]
+
+
+def test_task_with_a_childs_bare_id_gives_its_status(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    status = root.tool("--verb=task", f"--about={child.id}").one
+    assert status["id"] == child.id and status["parent"] == root.id and "busy" in status
+    assert root.tool("--verb=task", f"--about={child.id}", f"--who={child.id}").rc == 0
+    # Not a child of the caller: a clear refusal, not a status.
+    sibling = root.spawn()
+    r = sibling.tool("--verb=task", f"--about={child.id}")
+    assert r.rc == 2 and "not a task handle" in r.error["reason"]
+    r = root.tool("--verb=task", f"--about={root.id}@m000000000000")
+    assert r.rc == 1 and r.error["code"] == "unknown-task"
+
+
+def test_reports_revisions_digests_pages_and_notification(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    first = child.tool("--verb=report", "--message=parser done").one
+    assert first["revision"] == 1 and first["sha256"] == hashlib.sha256(b"parser done").hexdigest()
+    assert first["notified"]["receipt"] == "delivered"
+    note = root.next_event("message")
+    assert (note["sort"], note["revision"], note["from"]) == ("report", 1, child.id)
+    second = child.tool("--verb=report", "--message=parser done").one
+    assert second["revision"] == 2 and second["sha256"] == first["sha256"]
+    assert root.next_event("message")["revision"] == 2
+    body = ("é" * 9000).encode()
+    third = child.tool("--verb=report", "--about=-", stdin=body).one
+    assert third["revision"] == 3
+    whole = root.tool("--verb=report", f"--who={child.id}", "--about=json").one
+    assert whole["text"] == body.decode() and whole["revision"] == 3
+    assert whole["sha256"] == hashlib.sha256(body).hexdigest()
+    p1 = root.tool("--verb=report", f"--who={child.id}").one
+    p2 = root.tool("--verb=report", f"--who={child.id}", "--page=2").one
+    assert p1["pages"] == 2 and p1["text"] + p2["text"] == body.decode()
+    assert root.tool("--verb=report", f"--who={child.id}", "--page=3").rc == 2
+
+
+def test_old_plain_text_reports_stay_readable(harness: Harness) -> None:
+    root = harness.start()
+    (harness.registry / f"{root.id}.report").write_text("an old report\n")
+    got = root.tool("--verb=report", "--about=json").one
+    assert (got["text"], got["revision"], got["format"]) == ("an old report\n", 0, "plain")
+    assert root.tool("--verb=report", "--message=new").one["revision"] == 1
+
+
+def test_a_root_report_is_stored_without_a_parent_to_notify(harness: Harness) -> None:
+    root = harness.start()
+    r = root.tool("--verb=report", "--message=root notes").one
+    assert r["notified"] is None and r["stored"] is True
+
+
+def test_only_the_minter_can_end_a_child(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    sibling = root.spawn()
+    r = sibling.tool("--verb=end", f"--who={child.id}")
+    assert r.rc == 1 and "only the session that minted" in r.error["reason"]
+    with pytest.raises(Refused, match=r"not .* token"):
+        call_once(child.at, "end", ["guess"], sender=sibling.id, who=child.id)
+    ok = root.tool("--verb=end", f"--who={child.id}").one
+    assert ok == {"ending": True, "who": child.id}
+    assert child.next_event("end")["who"] == f"demo/main/{root.id}"
+    assert child.proc.wait() == 0
+    assert not child.at.exists()
+    r = root.tool("--verb=status", f"--who={child.id}")
+    assert r.rc == 1 and r.error["code"] == "unknown"
+
+
+def test_a_root_cannot_be_ended_over_the_socket(harness: Harness) -> None:
+    root = harness.start()
+    with pytest.raises(Refused, match="only its harness"):
+        call_once(root.at, "end", ["x"], sender=None, who=root.id)

@@ -1,0 +1,127 @@
+"""``melchior tool`` as a script sees it: one JSON object on stdout, honest exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from melchior.tool import VOCABULARY, schema
+from session_harness import WAIT, Harness, melchior
+
+
+@pytest.fixture
+def harness(runtime_dir: Path, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(runtime_dir, tmp_path / "config")
+    yield h
+    h.close()
+
+
+def test_schema_is_data_covering_every_verb(harness: Harness) -> None:
+    printed = subprocess.run(
+        melchior("tool", "--schema"), capture_output=True, check=True, timeout=WAIT
+    )
+    doc = json.loads(printed.stdout)
+    assert doc == schema()
+    assert doc["$schema"].startswith("https://json-schema.org/")
+    verbs = {alt["properties"]["verb"]["const"]: alt for alt in doc["oneOf"]}
+    assert set(verbs) == {"who", "status", "tell", "ask", "answer", "task", "report", "end"}
+    assert verbs["tell"]["required"] == ["verb", "who", "message"]
+    assert verbs["tell"]["properties"]["sort"]["enum"] == ["attention", "note"]
+    for alt in doc["oneOf"]:
+        assert alt["type"] == "object" and alt["additionalProperties"] is False
+        assert set(alt["required"]) <= set(alt["properties"])
+
+
+def _valid(instance: dict[str, Any]) -> bool:
+    """A tiny validator for the schema's own subset (const, enum, type, required)."""
+    for alt in schema()["oneOf"]:
+        props = alt["properties"]
+        if set(instance) - set(props) or not set(alt["required"]) <= set(instance):
+            continue
+        good = True
+        for key, value in instance.items():
+            p = props[key]
+            if "const" in p and value != p["const"]:
+                good = False
+            if "enum" in p and value not in p["enum"]:
+                good = False
+            if p.get("type") == "string" and not isinstance(value, str):
+                good = False
+            if p.get("type") == "integer" and not isinstance(value, int):
+                good = False
+        if good:
+            return True
+    return False
+
+
+@given(st.sampled_from([v.name for v in VOCABULARY]), st.sampled_from(["attention", "loud"]))
+def test_schema_accepts_what_the_tool_accepts(verb: str, sort: str) -> None:
+    v = next(x for x in VOCABULARY if x.name == verb)
+    instance: dict[str, Any] = {"verb": verb, **{p.name: "alpha-beta" for p in v.required}}
+    assert _valid(instance)
+    assert not _valid({**instance, "unheard_of": "x"})
+    if verb == "tell":
+        assert _valid({**instance, "sort": sort}) == (sort == "attention")
+
+
+def test_unknown_verb_and_missing_args_are_json_refusals(harness: Harness) -> None:
+    r = harness.tool("--verb=dance")
+    assert r.rc == 2 and "unknown verb 'dance'" in r.error["reason"] and "tell" in r.error["reason"]
+    r = harness.tool("--verb=tell", "--message=hi")
+    assert r.rc == 2 and "--who" in r.error["reason"]
+    r = harness.tool("--verb=tell", "--who=not an id", "--message=hi")
+    assert r.rc == 2 and "not a session id" in r.error["reason"]
+    r = harness.tool()
+    assert r.rc == 2 and "--verb" in r.error["reason"]
+    r = harness.tool("--verb=tell", "--who=alpha-beta", "--message=hi", "--chain=[1]")
+    assert r.rc == 2 and "not a chain" in r.error["reason"]
+
+
+def test_unknown_recipient_is_an_error_never_a_success(harness: Harness) -> None:
+    root = harness.start()
+    r = root.tool("--verb=tell", "--who=omega-psi", "--message=hello?")
+    assert r.rc == 1 and r.error["code"] == "unknown" and r.error["receipt"] == "refused"
+
+
+def test_the_operator_may_look_and_tell_but_not_ask(harness: Harness) -> None:
+    root = harness.start()
+    assert harness.tool("--verb=status", f"--who={root.id}").rc == 0
+    r = harness.tool("--verb=ask", f"--who={root.id}", "--message=?")
+    assert r.rc == 1 and r.error["code"] == "anonymous" and "MAGI_MELCHIOR_ID" in r.error["reason"]
+
+
+def test_a_session_whose_serve_is_not_running_is_told_so(harness: Harness) -> None:
+    root = harness.start()
+    minted = root.fork()
+    r = harness.tool("--verb=status", env=harness.env(**minted["environment"]))
+    assert r.rc == 1 and r.error["code"] == "not-serving"
+
+
+def test_stdout_holds_exactly_one_object_even_on_setup_errors(harness: Harness) -> None:
+    r = harness.tool("--verb=who", env=harness.env(MAGI_MELCHIOR_PROJECT="../x"))
+    assert r.rc == 1 and "may not contain" in r.error["reason"]
+
+
+@pytest.mark.parametrize("command", ["serve", "tool", "fork", "verbs"])
+def test_every_command_has_help(command: str) -> None:
+    out = subprocess.run(melchior(command, "--help"), capture_output=True, timeout=WAIT)
+    assert out.returncode == 0 and b"usage: melchior " + command.encode() in out.stdout
+
+
+def test_the_tool_path_does_not_import_an_event_loop_for_who(harness: Harness) -> None:
+    code = (
+        "import sys; from melchior.cli import main; main(['tool', '--verb=who']); "
+        "sys.stderr.write(str('asyncio' in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, env=harness.env(), timeout=WAIT
+    )
+    assert out.stderr == b"False"
