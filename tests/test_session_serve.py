@@ -116,3 +116,12 @@ def test_bad_lines_on_the_pipe_are_skipped_not_fatal(harness: Harness) -> None:
             break
     else:
         raise AssertionError("serve stopped reading its pipe after bad lines")
+
+
+def test_sigterm_cleans_up_like_a_closed_pipe(harness: Harness) -> None:
+    import signal
+
+    root = harness.start()
+    root.proc.send_signal(signal.SIGTERM)
+    assert root.proc.wait(timeout=WAIT) == 0
+    assert not root.at.exists()

@@ -186,7 +186,7 @@ class Context:
                 f"'{verb}' needs to know which session you are: {names.ENV_ID} is not set",
                 "anonymous",
             )
-        if self.me.id not in self.reg.listed():
+        if not self.reg.is_listed(self.me.id):
             raise Refused(
                 f"your session {self.me.id} is not listening in project {self.reg.project!r}; "
                 "is its 'melchior serve' running?",
@@ -202,8 +202,7 @@ class Context:
             names.check_id(who)
         except names.NamingError as exc:
             raise Usage(str(exc)) from None
-        listed = self.reg.listed()
-        if who not in listed:
+        if not self.reg.is_listed(who):
             raise Refused(
                 f"no session {who} in project {self.reg.project!r}; 'melchior tool --verb=who' "
                 "lists the ones you can reach",
@@ -211,10 +210,9 @@ class Context:
                 {"receipt": "refused"},
             )
         if self.me is not None:
-            tree = self.reg.tree()
-            target = tree.get(who) or self.reg.session(who)
-            me = tree.get(self.me.id) or self.me.session()
-            decision = between(me, target, tree, self.talk)
+            me = self.reg.session(self.me.id)
+            target = self.reg.session(who)
+            decision = between(me, target, self.reg.ancestry_tree(me, target), self.talk)
             if not decision.allowed:
                 raise Refused(
                     decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"}

@@ -124,6 +124,29 @@ class Registry:
                 pending.append(node.parent)
         return tree
 
+    def ancestry_tree(self, *nodes: Session) -> dict[str, Session]:
+        """Just the given sessions and their ancestors: all the walls need for one pair.
+
+        Reading two notes per ancestor instead of the whole directory keeps a call's
+        wall check cheap in a project with a thousand live sessions.
+        """
+        tree: dict[str, Session] = {}
+        for start in nodes:
+            node = start
+            while node.id not in tree:
+                tree[node.id] = node
+                if node.parent is None:
+                    break
+                node = tree.get(node.parent) or self.session(node.parent)
+        return tree
+
+    def is_listed(self, session_id: str) -> bool:
+        """Is there a socket entry for this id? (A claim; a connect proves it.)"""
+        try:
+            return stat.S_ISSOCK(os.lstat(self.path(session_id)).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
     # -- liveness -----------------------------------------------------------------------
 
     def probe(self, session_id: str, *, pause: Callable[[], None] | None = None) -> Liveness:

@@ -249,28 +249,13 @@ class Serve:
             raise Refused(f"'from' must be a session id, got {sender!r}", "bad-from")
         if sender == self.me.id:
             return self.me.session()
-        try:
-            is_sock = stat.S_ISSOCK(os.lstat(self.reg.path(sender)).st_mode)
-        except FileNotFoundError:
-            is_sock = False
-        if not is_sock:
+        if not self.reg.is_listed(sender):
             raise Refused(
                 f"the caller says it is {sender}, but no session {sender} is listening in "
                 f"project {self.me.project!r}",
                 "unknown-sender",
             )
         return self.reg.session(sender)
-
-    def _tree(self, *nodes: Session) -> dict[str, Session]:
-        """Just the ancestries the walls need, so a call does not read the whole directory."""
-        tree: dict[str, Session] = {}
-        for node in nodes:
-            while node.id not in tree:
-                tree[node.id] = node
-                if node.parent is None:
-                    break
-                node = tree.get(node.parent) or self.reg.session(node.parent)
-        return tree
 
     def _address(self, caller: Session | None) -> str:
         if caller is None:
@@ -292,13 +277,22 @@ class Serve:
             )
         if caller is not None:
             me = self.me.session()
-            decision = between(caller, me, self._tree(caller, me), self.talk)
+            decision = between(caller, me, self.reg.ancestry_tree(caller, me), self.talk)
             if not decision.allowed:
                 raise Refused(
                     decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"}
                 )
         handler = getattr(self, f"verb_{verb}")
-        result: list[Any] = await handler(args, msg, caller)
+        try:
+            result: list[Any] = await handler(args, msg, caller)
+        except (Refused, WireError):
+            raise
+        except Exception as exc:
+            # A bug must still be a reply: a dropped connection would look like "dead".
+            print(f"melchior serve: {verb} failed: {exc!r}", file=sys.stderr)
+            raise Refused(
+                f"{self.me.id} failed while answering {verb!r}: {exc}", "internal"
+            ) from None
         return result
 
     # -- verbs ------------------------------------------------------------------------------
