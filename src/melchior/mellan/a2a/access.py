@@ -17,7 +17,7 @@ from melchior.mellan.a2a.errors import TaskNotFound, Unauthenticated
 from melchior.mellan.a2a.paths import Target
 from melchior.mellan.auth import bearer, hash_token
 from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import CredentialKind, Principal, Task
+from melchior.mellan.store.base import CredentialKind, Principal, StoreError, Task
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,11 @@ class Caller:
 
 
 def _audit_unknown_credential(relay: Relay, target: Target, why: str) -> None:
-    with contextlib.suppress(Exception):  # an unknown workspace has no audit log
+    """Record a dead credential knocking on a real agent's door (made-up URLs are not
+    recorded, so nobody can flood an audit log by inventing names)."""
+    if relay.store.get_agent(target.workspace, target.agent) is None:
+        return
+    with contextlib.suppress(StoreError):
         relay.store.audit(
             target.workspace,
             "credential:unknown",

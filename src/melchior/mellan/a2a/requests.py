@@ -114,7 +114,8 @@ def opt_bool(value: Any, name: str) -> bool | None:
 
 def check_part(part: Any, name: str) -> None:
     p = _obj(part, name)
-    present = [k for k in PART_KINDS if k in p and p[k] is not None]
+    # ``data`` is a google.protobuf.Value, so ``"data": null`` is a null value, not absence
+    present = [k for k in PART_KINDS if k in p and (k == "data" or p[k] is not None)]
     if len(present) != 1:
         raise _bad(
             name,

@@ -11,6 +11,7 @@ reconnecting client loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,7 +32,15 @@ from melchior.mellan.a2a.timefmt import parse_ts
 from melchior.mellan.a2a.watch import Waker
 from melchior.mellan.notify import task_topic
 from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import NewTask, Outcome, Store, Task, TaskEvent, TaskState
+from melchior.mellan.store.base import (
+    NewTask,
+    Outcome,
+    Store,
+    StoreError,
+    Task,
+    TaskEvent,
+    TaskState,
+)
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
 
 MAX_BLOCK_SECONDS = 600.0
@@ -57,17 +66,23 @@ def _capability_from(req: SendRequest) -> str | None:
 
 
 def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[str, Any]) -> None:
-    """Audit a refused send in the caller's own workspace, then raise what the caller hears."""
+    """Audit a refused send, then raise what the caller hears.
+
+    The record goes to the caller's workspace, and also to the target workspace when that
+    is another one and the agent exists there (its owners should see who knocked; made-up
+    names get no records, so nobody can flood a log by inventing URLs)."""
+    subject = f"{caller.target.workspace}/{caller.target.agent}"
     store.audit(
-        caller.principal.workspace,
-        caller.actor,
-        "task.refuse",
-        f"{caller.target.workspace}/{caller.target.agent}",
-        False,
-        rule,
-        reason,
+        caller.principal.workspace, caller.actor, "task.refuse", subject, False, rule, reason,
         detail,
-    )
+    )  # fmt: skip
+    if not caller.same_workspace and store.get_agent(caller.target.workspace, caller.target.agent):
+        with contextlib.suppress(StoreError):
+            store.audit(
+                caller.target.workspace,
+                f"{caller.principal.workspace}:{caller.actor}",
+                "task.refuse", subject, False, rule, reason, detail,
+            )  # fmt: skip
     if rule in REFUSED_QUIETLY:
         raise Forbidden(NOT_GRANTED)
     if rule == "hop-limit":
