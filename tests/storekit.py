@@ -74,3 +74,77 @@ def wait_db_clock_past(s: Store, iso_stamp: str) -> None:
             return
         time.sleep(0.005)
     raise AssertionError(f"database clock never passed {iso_stamp}")
+
+
+def queue_worker(
+    url: str,
+    owner: str,
+    log_path: str,
+    seed_value: int,
+    batch: int,
+    abandon_rate: float,
+    fail_rate: float,
+    dup_rate: float,
+    batched_complete: bool,
+    sweep: bool,
+) -> None:
+    """One receiver process: claim, "run", report, in a loop until no work is left.
+
+    Every run is logged (JSON lines, CLOCK_MONOTONIC is system-wide so processes
+    compare) as ``[task_id, epoch, start_ns, end_ns, kind, outcome]`` so the parent can
+    check the invariants from the outside. ``abandon`` simulates a receiver that crashed
+    mid-task: it never reports, and its lease is made to expire (the store's drill hook,
+    i.e. the TTL running out without waiting for it).
+    """
+    import json
+    import random
+
+    from melchior.mellan.store.base import Outcome, TaskState
+
+    rng = random.Random(seed_value)
+    s = open_store(url, migrate=False)
+    expire = getattr(s, "expire_leases")  # noqa: B009
+    open_states = [TaskState.QUEUED, TaskState.LEASED]
+    with open(log_path, "a", encoding="utf-8") as log:
+
+        def note(*rec: object) -> None:
+            log.write(json.dumps(rec) + "\n")
+
+        while True:
+            leases = s.claim(WS, RECEIVER, owner, limit=batch, lease_seconds=120)
+            if not leases:
+                if sweep:
+                    s.sweep()
+                if not s.list_tasks(WS, states=open_states, limit=1):
+                    break
+                time.sleep(0.002)
+                continue
+            done: list[tuple[str, int, int]] = []
+            for lease in leases:
+                tid, ep = lease.task.id, lease.epoch
+                start = time.monotonic_ns()
+                r = rng.random()
+                if r < abandon_rate:
+                    note(tid, ep, start, time.monotonic_ns(), "abandon", "")
+                    expire([tid])
+                elif r < abandon_rate + fail_rate:
+                    end = time.monotonic_ns()
+                    out = s.fail(tid, ep, "transient", backoff_seconds=0)
+                    note(tid, ep, start, end, "fail", out.value)
+                else:
+                    done.append((tid, ep, start))
+            if done:
+                end = time.monotonic_ns()
+                items = [(tid, ep, f'{{"by": "{owner}"}}') for tid, ep, _ in done]
+                if batched_complete:
+                    outs = s.complete_many(items)
+                else:
+                    outs = [s.complete(*it) for it in items]
+                for (tid, ep, start), out in zip(done, outs, strict=True):
+                    note(tid, ep, start, end, "complete", out.value)
+                    if out is Outcome.OK and rng.random() < dup_rate:
+                        again = s.complete(tid, ep, "{}")
+                        note(tid, ep, end, end, "dup", again.value)
+            if sweep:
+                s.sweep()
+    s.close()

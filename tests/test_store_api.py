@@ -238,3 +238,15 @@ def test_open_store_paths(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> 
     assert (base / "bare.db").exists()
     with pytest.raises(ValueError):
         open_store("mysql://nope")
+
+
+def test_enqueue_many_one_transaction_with_dedupe(store: Store) -> None:
+    got = store.enqueue_many(
+        [new_task(message_id="a"), new_task(message_id="b"), new_task(message_id="a")]
+    )
+    assert [c for _, c in got] == [True, True, False]
+    assert got[2][0].id == got[0][0].id
+    assert store.enqueue_many([]) == []
+    assert len(store.list_tasks(WS)) == 2
+    with pytest.raises(ValueError):
+        store.enqueue_many([new_task(max_attempts=0)])

@@ -300,6 +300,10 @@ class Store(Protocol):
         existing task with created=False instead of a second one."""
         ...
 
+    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        """``enqueue`` for several tasks in one transaction (one commit); in input order."""
+        ...
+
     def get_task(self, workspace: str, task_id: str) -> Task | None: ...
 
     def list_tasks(

@@ -425,45 +425,53 @@ class SQLiteStore:
 
     # -- tasks: caller side -------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
-        if task.max_attempts < 1:
+        return self.enqueue_many([task])[0]
+
+    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        if any(t.max_attempts < 1 for t in tasks):
             raise ValueError("max_attempts must be at least 1")
+        if not tasks:
+            return []
         with self._write() as tx:
-            row = tx.one(
-                "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
-                " state, payload, metadata, message_id, session_key, chain, hop, path,"
-                " max_attempts, run_after, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING RETURNING *",
-                (
-                    C.new_id(),
-                    task.workspace,
-                    task.caller,
-                    task.receiver,
-                    task.capability,
-                    task.context_id or C.new_id(),
-                    task.payload,
-                    task.metadata,
-                    task.message_id,
-                    task.session_key,
-                    task.chain,
-                    task.hop,
-                    json.dumps(list(task.path)),
-                    task.max_attempts,
-                    tx.now,
-                    tx.now,
-                    tx.now,
-                ),
-            )
-            if row is not None:
-                tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
-                return C.task_from_row(row), True
-            existing = tx.one(
-                "SELECT * FROM task WHERE workspace = ? AND caller = ? AND message_id = ?",
-                (task.workspace, task.caller, task.message_id),
-            )
-            if existing is None:  # only a dedupe hit can suppress the insert
-                raise StoreError("enqueue: insert suppressed without a duplicate")
-            return C.task_from_row(existing), False
+            return [self._enqueue(tx, t) for t in tasks]
+
+    def _enqueue(self, tx: _Tx, task: NewTask) -> tuple[Task, bool]:
+        row = tx.one(
+            "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
+            " state, payload, metadata, message_id, session_key, chain, hop, path,"
+            " max_attempts, run_after, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING RETURNING *",
+            (
+                C.new_id(),
+                task.workspace,
+                task.caller,
+                task.receiver,
+                task.capability,
+                task.context_id or C.new_id(),
+                task.payload,
+                task.metadata,
+                task.message_id,
+                task.session_key,
+                task.chain,
+                task.hop,
+                json.dumps(list(task.path)),
+                task.max_attempts,
+                tx.now,
+                tx.now,
+                tx.now,
+            ),
+        )
+        if row is not None:
+            tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
+            return C.task_from_row(row), True
+        existing = tx.one(
+            "SELECT * FROM task WHERE workspace = ? AND caller = ? AND message_id = ?",
+            (task.workspace, task.caller, task.message_id),
+        )
+        if existing is None:  # only a dedupe hit can suppress the insert
+            raise StoreError("enqueue: insert suppressed without a duplicate")
+        return C.task_from_row(existing), False
 
     def get_task(self, workspace: str, task_id: str) -> Task | None:
         rows = self._read("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
