@@ -37,6 +37,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.notify import receiver_topic, task_topic
+from melchior.mellan.rawjson import encode
 from melchior.mellan.relay import Relay
 from melchior.mellan.store.base import Lease, Outcome, Principal, Task, TaskState
 from melchior.mellan.web import (
@@ -44,7 +45,6 @@ from melchior.mellan.web import (
     ApiError,
     actor,
     authenticate,
-    encode,
     endpoint,
     error_response,
     field_bool,

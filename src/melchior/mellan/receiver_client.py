@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
+from melchior.mellan.rawjson import decode, encode
 from melchior.mellan.store.base import Outcome
-from melchior.mellan.web import decode, encode
 
 
 class ReceiverError(Exception):

@@ -14,11 +14,8 @@ Three rules live here so that no endpoint can forget them:
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import wraps
 from typing import Any
@@ -27,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from melchior.mellan.auth import bearer, hash_token
+from melchior.mellan.rawjson import Raw, decode, encode
 from melchior.mellan.relay import Relay
 from melchior.mellan.store.base import CredentialKind, Principal, Task, TaskEvent
 
@@ -46,62 +44,6 @@ class ApiError(Exception):
         self.code = code
         self.reason = reason
         self.extra = extra or {}
-
-
-@dataclass(frozen=True)
-class Raw:
-    """JSON text already validated by whoever stored it; written into a response as is."""
-
-    text: str
-
-
-def encode(value: Any) -> str:
-    """Serialise ``value`` to JSON, splicing :class:`Raw` text and exact decimals verbatim."""
-    parts: list[str] = []
-    _encode(value, parts)
-    return "".join(parts)
-
-
-def _encode(value: Any, out: list[str]) -> None:
-    if isinstance(value, Raw):
-        out.append(value.text)
-    elif isinstance(value, dict):
-        out.append("{")
-        first = True
-        for key, item in value.items():
-            if not first:
-                out.append(",")
-            first = False
-            out.append(json.dumps(str(key), ensure_ascii=False))
-            out.append(":")
-            _encode(item, out)
-        out.append("}")
-    elif isinstance(value, list | tuple):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _encode(item, out)
-        out.append("]")
-    elif isinstance(value, Decimal):
-        if not value.is_finite():
-            raise ValueError("JSON has no NaN or Infinity")
-        out.append(str(value))
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("JSON has no NaN or Infinity")
-        out.append(json.dumps(value))
-    else:
-        out.append(json.dumps(value, ensure_ascii=False))
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def decode(text: str | bytes) -> Any:
-    """Parse JSON exactly: floats become :class:`Decimal`, NaN/Infinity are refused."""
-    return json.loads(text, parse_float=Decimal, parse_constant=_no_constants)
 
 
 class JSON(Response):

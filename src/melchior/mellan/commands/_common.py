@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from melchior import __version__
-from melchior.mellan.web import decode, encode
+from melchior.mellan.rawjson import decode, encode
 
 DEFAULT_RELAY = "http://127.0.0.1:8787"
 EXIT_REFUSED = 1
@@ -96,6 +94,8 @@ def call(
     timeout: float = 30.0,
 ) -> Any:
     """One request to the relay; the decoded JSON answer, or CliError with the relay's reason."""
+    import httpx  # here, so --help and argument errors never pay for importing it
+
     headers = {"accept": "application/json"}
     if t.token:
         headers["authorization"] = f"Bearer {t.token}"

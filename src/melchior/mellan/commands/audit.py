@@ -7,6 +7,7 @@ policy rule and reason), claims, completions, cancels and lost leases. Owner onl
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -79,7 +80,4 @@ def run(ns: argparse.Namespace) -> int:
             else:
                 print("  ".join(str(v) for v in _row(r)))
         after = data["next"]
-        if data["records"]:
-            import sys
-
-            sys.stdout.flush()
+        sys.stdout.flush()

@@ -1,0 +1,252 @@
+"""Send a task to another agent through the relay's A2A entry, as a calling agent.
+
+NOTE for the ``mellan`` command table (``src/melchior/mellan/cli.py``): this module is
+the ``send`` command — ``"send": ("melchior.mellan.commands.send", "send a task to an
+agent over A2A")``. It speaks A2A 1.0 HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}``.
+
+The credential is an *agent* credential: ``$MELLAN_TOKEN``, else the one ``mellan join``
+stored for ``--as AGENT``, else the only one stored. By default the task is accepted and
+its id printed at once (the receiver may be offline; the work stays queued). ``--wait``
+blocks until the task completes, fails, is cancelled or asks for input; ``--stream``
+prints progress as it happens. Exit status: 0 when accepted/completed/input-required,
+1 when refused, failed or cancelled, 3 when the relay is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from melchior import __version__
+from melchior.mellan.commands._common import (
+    DEFAULT_RELAY,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+    config_dir,
+    guarded,
+    read_login,
+)
+
+DONE_BAD = ("TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"mellan {__version__}")
+    parser.add_argument("receiver", metavar="RECEIVER", help="receiving agent id, e.g. private/ops")
+    parser.add_argument("text", metavar="TEXT", help="the message ('-': read stdin)")
+    parser.add_argument("--capability", metavar="CAP", help="capability to invoke (metadata)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--wait", action="store_true", help="block until the task settles")
+    mode.add_argument("--stream", action="store_true", help="print progress as it happens")
+    parser.add_argument("--json", action="store_true", help="print the A2A JSON (one per line)")
+    parser.add_argument("--as", dest="as_agent", metavar="AGENT", help="stored agent to act as")
+    parser.add_argument("--workspace", help="workspace of the receiver (default: the caller's)")
+    parser.add_argument("--task", metavar="ID", help="answer a task that asked for input")
+    parser.add_argument("--context", metavar="ID", help="continue a conversation (contextId)")
+    parser.add_argument("--relay", metavar="URL", help="relay URL (default: stored or env)")
+
+
+def _stored_agents() -> list[Path]:
+    root = config_dir() / "agents"
+    return sorted(root.rglob("*.json")) if root.is_dir() else []
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read stored credential {path}: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def credential(ns: argparse.Namespace) -> tuple[str, str, str | None]:
+    """(relay URL, token, workspace if known) of the calling agent."""
+    env_relay = ns.relay or os.environ.get("MELLAN_RELAY")
+    token = os.environ.get("MELLAN_TOKEN")
+    if token:
+        return (env_relay or read_login().get("relay") or DEFAULT_RELAY), token, ns.workspace
+    if ns.as_agent:
+        path = config_dir() / "agents" / f"{ns.as_agent}.json"
+        if not path.exists():
+            raise CliError(f"no stored credential for {ns.as_agent!r} ({path}); run 'mellan join'")
+        stored = _read(path)
+    else:
+        found = _stored_agents()
+        if len(found) != 1:
+            raise CliError(
+                "no agent credential: set MELLAN_TOKEN, or pass --as AGENT ("
+                + (f"stored: {', '.join(str(p) for p in found)}" if found else "none stored")
+                + ")",
+                EXIT_USAGE,
+            )
+        stored = _read(found[0])
+    return (
+        env_relay or stored.get("relay") or DEFAULT_RELAY,
+        str(stored.get("token", "")),
+        ns.workspace or stored.get("workspace"),
+    )
+
+
+class Wire:
+    def __init__(self, relay: str, token: str) -> None:
+        self.relay = relay.rstrip("/")
+        self.http = httpx.Client(
+            headers={
+                "Authorization": f"Bearer {token}",
+                "A2A-Version": "1.0",
+                "Content-Type": "application/json",
+            },
+            timeout=httpx.Timeout(30.0, read=None),
+        )
+
+    def _fail(self, response: httpx.Response) -> CliError:
+        try:
+            error = json.loads(response.content).get("error", {})
+            reason = f"{error.get('message')} ({error.get('status')}, HTTP {response.status_code})"
+        except (ValueError, AttributeError):
+            reason = f"HTTP {response.status_code}: {response.text[:200]}"
+        code = EXIT_UNREACHABLE if response.status_code == 503 else EXIT_REFUSED
+        return CliError(f"refused: {reason}", code)
+
+    def _unreachable(self, exc: Exception) -> CliError:
+        return CliError(f"cannot reach the relay at {self.relay}: {exc}", EXIT_UNREACHABLE)
+
+    def workspace(self) -> str:
+        try:
+            r = self.http.get(self.relay + "/api/whoami")
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        if not r.is_success:
+            raise self._fail(r)
+        return str(json.loads(r.content)["workspace"])
+
+    def send(self, base: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The response (for display) and its exact text (for ``--json``)."""
+        try:
+            r = self.http.post(base + "/message:send", content=json.dumps(body).encode())
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        if not r.is_success:
+            raise self._fail(r)
+        data: dict[str, Any] = json.loads(r.content)
+        return data, r.text
+
+    def stream(self, base: str, body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+        """Each event (for display) with its exact JSON text (for ``--json``)."""
+        try:
+            with self.http.stream(
+                "POST", base + "/message:stream", content=json.dumps(body).encode()
+            ) as r:
+                if not r.is_success:
+                    r.read()
+                    raise self._fail(r)
+                data: list[str] = []
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].lstrip())
+                    elif not line and data:
+                        text = "\n".join(data)
+                        yield json.loads(text), text
+                        data = []
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+
+
+def _text(message: Any) -> str:
+    if not isinstance(message, dict):
+        return ""
+    out = []
+    for part in message.get("parts", []):
+        if "text" in part:
+            out.append(str(part["text"]))
+        elif "data" in part:
+            out.append(json.dumps(part["data"], ensure_ascii=False))
+        elif "url" in part:
+            out.append(str(part["url"]))
+        elif "raw" in part:
+            out.append(f"<{part.get('filename') or 'file'}: {len(part['raw'])} base64 chars>")
+    return " ".join(out)
+
+
+def _short(state: str) -> str:
+    return state.removeprefix("TASK_STATE_").lower().replace("_", "-")
+
+
+def describe(event: dict[str, Any]) -> str:
+    if "task" in event:
+        t = event["task"]
+        line = f"task {t['id']} {_short(t['status']['state'])}"
+        said = _text(t["status"].get("message"))
+        return line + (f": {said}" if said else "")
+    if "statusUpdate" in event:
+        st = event["statusUpdate"]["status"]
+        said = _text(st.get("message"))
+        return _short(st["state"]) + (f": {said}" if said else "")
+    if "artifactUpdate" in event:
+        art = event["artifactUpdate"]["artifact"]
+        name = art.get("name") or art.get("artifactId")
+        return f"artifact {name}: {_text(art)}"
+    return json.dumps(event, ensure_ascii=False)
+
+
+def _report(task: dict[str, Any]) -> None:
+    print(describe({"task": task}))
+    for art in task.get("artifacts", []):
+        print(f"artifact {art.get('name') or art.get('artifactId')}: {_text(art)}")
+
+
+def _exit_for(state: str) -> int:
+    return EXIT_REFUSED if state in DONE_BAD else 0
+
+
+@guarded
+def run(ns: argparse.Namespace) -> int:
+    text = sys.stdin.read() if ns.text == "-" else ns.text
+    relay, token, workspace = credential(ns)
+    wire = Wire(relay, token)
+    workspace = workspace or wire.workspace()
+    base = f"{wire.relay}/a2a/{quote(workspace, safe='')}/{quote(ns.receiver, safe='/')}"
+    message: dict[str, Any] = {
+        "messageId": secrets.token_hex(16),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    }
+    if ns.task:
+        message["taskId"] = ns.task
+    if ns.context:
+        message["contextId"] = ns.context
+    body: dict[str, Any] = {"message": message}
+    if ns.capability:
+        body["metadata"] = {"capability": ns.capability}
+    if ns.stream:
+        state = ""
+        for event, raw in wire.stream(base, body):
+            print(raw if ns.json else describe(event), flush=True)
+            if "error" in event:
+                raise CliError(f"stream failed: {event['error'].get('message')}")
+            if "task" in event:
+                state = event["task"]["status"]["state"]
+            elif "statusUpdate" in event:
+                state = event["statusUpdate"]["status"]["state"]
+        return _exit_for(state)
+    body["configuration"] = {"returnImmediately": not ns.wait}
+    answer, raw = wire.send(base, body)
+    task = answer["task"]
+    if ns.json:
+        print(raw)
+    elif ns.wait:
+        _report(task)
+    else:
+        print(f"task {task['id']} {_short(task['status']['state'])} (context {task['contextId']})")
+    return _exit_for(task["status"]["state"])
