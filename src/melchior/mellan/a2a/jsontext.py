@@ -3,7 +3,7 @@
 A relay must hand the destination exactly what the caller sent. Integers are exact in
 Python already; fractions are read as :class:`~decimal.Decimal` and written back from
 their own digits (``0.10000000000000000001`` and ``1.10`` survive, where a float would
-round them), using the relay's shared encoder (:func:`melchior.mellan.web.encode`).
+round them) — the same rule the relay's other surfaces keep.
 Inputs that cannot survive a round trip are refused with a reason: ``NaN``/``Infinity``
 (not JSON), duplicate object keys (the last would silently win), a byte-order mark.
 """
@@ -11,11 +11,11 @@ Inputs that cannot survive a round trip are refused with a reason: ``NaN``/``Inf
 from __future__ import annotations
 
 import json
+import math
 from decimal import Decimal
 from typing import Any
 
 from melchior.mellan.a2a.errors import ParseError
-from melchior.mellan.web import encode
 
 
 class JSONTextError(ValueError):
@@ -59,10 +59,41 @@ def loads(data: bytes | str) -> Any:
         raise ParseError(f"body is not JSON: {exc}") from None
 
 
+def _encode(value: Any, out: list[str]) -> None:
+    if isinstance(value, dict):
+        out.append("{")
+        for i, (key, item) in enumerate(value.items()):
+            if i:
+                out.append(",")
+            out.append(json.dumps(str(key), ensure_ascii=False))
+            out.append(":")
+            _encode(item, out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, out)
+        out.append("]")
+    elif isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError("JSON has no NaN or Infinity")
+        out.append(str(value))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("JSON has no NaN or Infinity")
+        out.append(repr(value))
+    else:
+        out.append(json.dumps(value, ensure_ascii=False))
+
+
 def dumps(value: Any) -> str:
-    """Compact JSON text; exact decimals written from their digits."""
-    return encode(value)
+    """Compact JSON text; exact decimals written from their own digits."""
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out)
 
 
 def dumpb(value: Any) -> bytes:
-    return encode(value).encode("utf-8")
+    return dumps(value).encode("utf-8")
