@@ -75,6 +75,18 @@ def test_the_hop_count_carries_and_the_fifth_hop_is_refused(harness: Harness) ->
     assert exc.value.detail["rule"] == "hop-limit"
 
 
+def test_the_harness_passes_the_chain_it_is_answering(harness: Harness) -> None:
+    root = harness.start()
+    child = root.spawn()
+    env = child.tool_env()
+    env["MAGI_MELCHIOR_CHAIN"] = json.dumps({"chain": "c9", "hop": 2, "path": ["a", "b"]})
+    r = harness.tool("--verb=tell", f"--who={root.id}", "--message=re: that", env=env)
+    assert (r.one["chain"], r.one["hop"]) == ("c9", 3)
+    env["MAGI_MELCHIOR_CHAIN"] = json.dumps({"chain": "c9", "hop": 4, "path": ["a", "b"]})
+    r = harness.tool("--verb=tell", f"--who={root.id}", "--message=re: re:", env=env)
+    assert r.rc == 1 and r.error["rule"] == "hop-limit"
+
+
 def test_ask_answer_task(harness: Harness) -> None:
     root = harness.start()
     child = root.spawn()
@@ -93,6 +105,8 @@ def test_ask_answer_task(harness: Harness) -> None:
     assert ans.one["receipt"] == "delivered"
     got = root.next_event("message")
     assert (got["sort"], got["about"], got["text"]) == ("answer", about, "yes, merged")
+    # The answer is one hop further than the question, on the same chain.
+    assert (got["chain"], got["hop"], got["path"]) == (q["chain"], 2, [root.id, child.id])
     done = root.tool("--verb=task", f"--about={about}").one
     assert (done["state"], done["answer"], done["receipt"]) == (
         "answered",

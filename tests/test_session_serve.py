@@ -125,3 +125,34 @@ def test_sigterm_cleans_up_like_a_closed_pipe(harness: Harness) -> None:
     root.proc.send_signal(signal.SIGTERM)
     assert root.proc.wait(timeout=WAIT) == 0
     assert not root.at.exists()
+
+
+def test_one_serve_per_session(harness: Harness) -> None:
+    root = harness.start()
+    env = harness.env(MAGI_MELCHIOR_ID=root.id)
+    proc = subprocess.run(melchior("serve"), env=env, capture_output=True, timeout=WAIT)
+    assert proc.returncode == 2 and b"already being served" in proc.stderr
+    assert root.tool("--verb=status").one["id"] == root.id  # the first is untouched
+
+
+def test_a_root_restarted_after_a_crash_keeps_its_id(harness: Harness) -> None:
+    import signal
+
+    first = harness.start()
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    again = harness.start(harness.env(MAGI_MELCHIOR_ID=first.id))
+    assert again.id == first.id and again.tool("--verb=status").one["role"] == "main"
+
+
+def test_fork_needs_a_live_parent_and_records_the_role(harness: Harness) -> None:
+    proc = subprocess.run(melchior("fork"), env=harness.env(), capture_output=True, timeout=WAIT)
+    assert proc.returncode == 1 and b"who is the parent" in proc.stdout
+    proc = subprocess.run(
+        melchior("fork", "--parent=omega-psi"), env=harness.env(), capture_output=True, timeout=WAIT
+    )
+    assert proc.returncode == 1 and b"no session omega-psi" in proc.stdout
+    root = harness.start()
+    front = root.spawn("main")
+    assert front.tool("--verb=status").one["role"] == "main"
+    assert (harness.registry / f"{front.id}.role").read_text().strip() == "main"

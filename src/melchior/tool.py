@@ -243,7 +243,11 @@ class Context:
             raise Usage(
                 f"--chain / {ENV_CHAIN} is not a chain {{chain, hop, path}}: {exc}"
             ) from None
-        chain = next_hop(received, me)
+        return self.next_of(received)
+
+    def next_of(self, received: Chain) -> Chain:
+        """The chain of our message in answer to ``received``: one hop further, if allowed."""
+        chain = next_hop(received, self.sender or names.ANONYMOUS)
         decision = check_hop(chain)
         if not decision.allowed:
             raise Refused(decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"})
@@ -319,12 +323,20 @@ def verb_answer(ctx: Context, req: Request) -> list[Any]:
             {"receipt": "refused"},
         )
     known = ctx.call(me.id, "task", [req.about])
-    asker = known[0].get("asker") if known and isinstance(known[0], dict) else None
+    asked = known[0] if known and isinstance(known[0], dict) else {}
+    asker = asked.get("asker")
     if not isinstance(asker, str):
         raise Refused(f"no one is waiting for an answer to {req.about}", "unknown-task")
+    # The answer travels one hop further than the question did, on the same chain.
+    question = asked.get("chain")
+    chain = (
+        ctx.next_of(Chain.from_dict(question))
+        if isinstance(question, dict) and req.chain is None
+        else ctx.chain(req.chain)
+    )
     ctx.reach(asker, verb="answer")
-    result = ctx.call(asker, "answer", [req.about, req.message])
-    return [{**r, "about": req.about, "who": asker} for r in result]
+    result = ctx.call(asker, "answer", [req.about, req.message], chain=chain.as_dict())
+    return [{**r, "about": req.about, "who": asker, **chain.as_dict()} for r in result]
 
 
 def verb_task(ctx: Context, req: Request) -> list[Any]:

@@ -56,6 +56,11 @@ def for_serve(env: Mapping[str, str], cwd: Path) -> tuple[Identity, Registry]:
             )
         return Identity(project, names.mint_id(reg.dir), "main", None, None), reg
     names.check_id(sid)
+    if reg.probe(sid) == "live":
+        raise IdentityError(
+            f"session {sid} is already being served in project {project!r}; one serve per "
+            "session (a fresh root needs no MAGI_MELCHIOR_ID)"
+        )
     if parent is None:
         if sid not in names.used_ids(reg.dir):
             raise IdentityError(

@@ -77,8 +77,8 @@ class State:
     busy: bool = False
     working_for: Any = None
     waiting: Any = 0
-    questions: dict[str, str] = field(default_factory=dict)
-    """Questions asked of us: about → asker id."""
+    questions: dict[str, tuple[str, Chain]] = field(default_factory=dict)
+    """Questions asked of us: about → (asker id, the question's chain)."""
     answers: dict[str, JSONObject] = field(default_factory=dict)
     """Answers to our questions: about → {"who","text"}."""
 
@@ -371,7 +371,7 @@ class Serve:
         chain = self._chain(msg, caller)
         mid = new_message_id()
         about = f"{self.me.id}@{mid}"
-        self.state.questions[about] = caller.id
+        self.state.questions[about] = (caller.id, chain)
         receipt = await self._deliver(
             caller, "question", text, message_id=mid, about=about, **chain.as_dict()
         )
@@ -391,8 +391,9 @@ class Serve:
             )
         if about in self.state.answers:
             raise Refused(f"{about} is already answered", "refused", {"receipt": "refused"})
+        extra = self._chain(msg, caller).as_dict() if "chain" in msg else {}
         self.state.answers[about] = {"who": self._address(caller), "text": text}
-        await self._deliver(caller, "answer", text, about=about)
+        await self._deliver(caller, "answer", text, about=about, **extra)
         return [{"receipt": "delivered"}]
 
     async def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
@@ -403,9 +404,10 @@ class Serve:
         if about in self.state.answers and caller.id == self.me.id:
             got = self.state.answers[about]
             return [{"about": about, "state": "answered", "who": got["who"], "answer": got["text"]}]
-        asker = self.state.questions.get(about)
-        if asker is not None and caller.id in (asker, self.me.id):
-            return [{"about": about, "state": "pending", "asker": asker}]
+        asked = self.state.questions.get(about)
+        if asked is not None and caller.id in (asked[0], self.me.id):
+            asker, chain = asked
+            return [{"about": about, "state": "pending", "asker": asker, "chain": chain.as_dict()}]
         raise Refused(f"{self.me.id} knows of no question {about} asked by you", "unknown-task")
 
     async def verb_report(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
