@@ -134,6 +134,9 @@ def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: H
         call_once(root.at, "tell", ["x", "shout"], sender=None, who=root.id)
     assert exc.value.code == "bad-args" and "attention" in exc.value.reason
     with pytest.raises(Refused) as exc:
+        call_once(root.at, "tell", ["x" * (1024 * 1024 + 1)], sender=None, who=root.id)
+    assert exc.value.code == "too-large"
+    with pytest.raises(Refused) as exc:
         call_once(root.at, "ask", ["anonymous?"], sender=None, who=root.id)
     assert exc.value.code == "anonymous"
     sock = connect(root.at, who=root.id)
@@ -143,6 +146,11 @@ def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: H
         # The connection is still usable after a refusal.
         reply = request(sock, {"call": "status", "args": []}, who=root.id)
         assert reply["ok"] is True
+        lone = rb'{"call":"tell","args":["\ud800"]}'  # valid JSON, not valid Unicode
+        sock.sendall(struct.pack(">I", len(lone)) + lone)
+        reply = frames.recv(sock)
+        assert reply is not None and reply["error"]["code"] == "bad-args"
+        assert "surrogate" in reply["error"]["reason"]
         sock.sendall(struct.pack(">I", 3) + b"\xff\xfe\xfd")
         bad = frames.recv(sock)
         assert bad is not None and bad["error"]["code"] == "bad-encoding"

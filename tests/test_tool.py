@@ -125,3 +125,13 @@ def test_the_tool_path_does_not_import_an_event_loop_for_who(harness: Harness) -
         [sys.executable, "-c", code], capture_output=True, env=harness.env(), timeout=WAIT
     )
     assert out.stderr == b"False"
+
+
+def test_invalid_utf8_in_argv_is_refused_not_a_crash(harness: Harness) -> None:
+    root = harness.start()
+    args = [a.encode() for a in melchior("tool", "--verb=tell", f"--who={root.id}")]
+    proc = subprocess.run(
+        [*args, b"--message=caf\xe9"], capture_output=True, env=harness.env(), timeout=WAIT
+    )
+    reply = json.loads(proc.stdout)
+    assert proc.returncode == 2 and "not valid UTF-8" in reply["error"]["reason"]

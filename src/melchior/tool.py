@@ -464,6 +464,16 @@ def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
     from melchior.session.config import ConfigError
     from melchior.session.identity import IdentityError
 
+    for flag in ("who", "message", "sort", "about", "chain"):
+        value = getattr(req, flag)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise Usage(
+                    f"--{flag} is not valid UTF-8 (bad byte at character {exc.start}); "
+                    "nothing was sent"
+                ) from None
     handler = HANDLERS.get(req.verb)
     if handler is None:
         raise Usage(f"unknown verb {req.verb!r}; the verbs are {', '.join(HANDLERS)}")

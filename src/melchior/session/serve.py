@@ -457,9 +457,17 @@ def _arity(args: list[Any], low: int, high: int, usage: str) -> None:
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise Refused("the message text must be a non-empty string", "bad-args")
-    if len(value.encode()) > MAX_TEXT:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
         raise Refused(
-            f"the message is {len(value.encode())} bytes, over the {MAX_TEXT}-byte limit; "
+            f"the message text holds a lone surrogate at character {exc.start}; it is not "
+            "Unicode text",
+            "bad-args",
+        ) from None
+    if size > MAX_TEXT:
+        raise Refused(
+            f"the message is {size} bytes, over the {MAX_TEXT}-byte limit; "
             "put long text in a report instead",
             "too-large",
         )
