@@ -78,7 +78,7 @@ class WriteResult:
 class ReceiverClient:
     """Synchronous receiver-API client over one pooled HTTP connection."""
 
-    def __init__(self, relay_url: str, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, relay_url: str, token: str, *, timeout: float = 30.0) -> None:
         self.relay_url = relay_url.rstrip("/")
         self._timeout = timeout
         self._http = httpx.Client(
