@@ -132,6 +132,8 @@ SQLITE: tuple[tuple[str, ...], ...] = (
         ) STRICT""",
         "CREATE INDEX task_event_task ON task_event (task_id, seq)",
     ),
+    # v2 — a caller lists its own tasks (A2A ListTasks) without scanning the workspace
+    ("CREATE INDEX task_caller ON task (workspace, caller, seq)",),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -249,6 +251,12 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
             body text NOT NULL
         )""",
         "CREATE INDEX task_event_task ON task_event (task_id, seq)",
+    ),
+    # v2 — a caller lists its own tasks (A2A ListTasks) without scanning the workspace;
+    # leave room in each page so lease updates stay HOT (no index churn per claim/renew)
+    (
+        "CREATE INDEX task_caller ON task (workspace, caller, seq)",
+        "ALTER TABLE task SET (fillfactor = 80)",
     ),
 )
 
