@@ -189,3 +189,14 @@ def test_a_root_cannot_be_ended_over_the_socket(harness: Harness) -> None:
     root = harness.start()
     with pytest.raises(Refused, match="only its harness"):
         call_once(root.at, "end", ["x"], sender=None, who=root.id)
+
+
+def test_the_token_itself_is_the_capability(harness: Harness) -> None:
+    root = harness.start()
+    minted = root.fork()
+    child = harness.start(harness.env(**minted["environment"]))
+    assert call_once(child.at, "end", [minted["token"]], sender=None, who=child.id) == [
+        {"ending": True}
+    ]
+    assert child.next_event("end")["who"] == "demo/operator/-"
+    assert child.proc.wait() == 0

@@ -103,3 +103,25 @@ def test_the_project_wall_never_lists_another_project(
         assert exc.value.code == "unknown-sender"
     finally:
         elsewhere.close()
+
+
+def test_every_verb_is_walled(harness: Harness) -> None:
+    _a, a1, _b, b1 = two_instances(harness)
+    assert b1.tool("--verb=report", "--message=private notes").rc == 0
+    attempts = [
+        ("--verb=status", f"--who={b1.id}"),
+        ("--verb=tell", f"--who={b1.id}", "--message=x"),
+        ("--verb=ask", f"--who={b1.id}", "--message=x"),
+        ("--verb=task", f"--about={b1.id}@m000000000000"),
+        ("--verb=report", f"--who={b1.id}"),
+        ("--verb=report", f"--who={b1.id}", "--about=json"),
+    ]
+    for args in attempts:
+        r = a1.tool(*args)
+        assert r.rc == 1 and r.error["rule"] == "instance-wall", (args, r.reply)
+
+
+def test_the_operator_sees_the_whole_project(harness: Harness) -> None:
+    a, a1, b, b1 = two_instances(harness)
+    seen = {s["id"]: s["rule"] for s in harness.tool("--verb=who").result}
+    assert seen == {a.id: "operator", a1.id: "operator", b.id: "operator", b1.id: "operator"}
