@@ -65,6 +65,7 @@ class Server:
             create_app(self.relay), log_level="warning", lifespan="on", timeout_graceful_shutdown=1
         )
         self.server = uvicorn.Server(config)
+        self.peer: Server = self  # another replica on the same database, if any
         self.thread = threading.Thread(
             target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True
         )
@@ -265,3 +266,44 @@ def message(text: str, **extra: Any) -> dict[str, Any]:
     }
     msg.update(extra)
     return msg
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for a whole module (``pg_url`` is per test)."""
+    import psycopg
+    import pytest
+
+    from conftest import PG_ADMIN_URL, _pg_unreachable
+
+    name = f"melchior_a2a_{secrets.token_hex(6)}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except Exception as exc:
+        _pg_unreachable(str(exc).strip())
+        pytest.skip("unreachable")  # not reached: _pg_unreachable skips or fails
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def replicas(db_url: str) -> Iterator[tuple[Server, World, Receiver]]:
+    """Two relay replicas on one PostgreSQL database: callers use the first (its ``peer``
+    is the second, for streams on a third connection), the receiver the second. Each
+    replica has only its own in-process notifier, so everything that crosses replicas is
+    found by the periodic store reads — the truth the design relies on."""
+    front, back = Server(db_url), Server(db_url)
+    front.peer = back
+    world = seed(front.store)
+    rx = Receiver(back.url, world.tokens["receiver"])
+    try:
+        yield front, world, rx
+    finally:
+        rx.stop()
+        back.stop()
+        front.stop()

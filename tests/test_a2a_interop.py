@@ -40,19 +40,31 @@ from a2a.utils.errors import (
 )
 from google.protobuf import json_format
 
-from a2a_kit import CAPS, Receiver, Server, World, running
+from a2a_kit import CAPS, Receiver, Server, World, pg_database, replicas, running
 
 T = TypeVar("T")
 BINDINGS = [TransportProtocol.JSONRPC, TransportProtocol.HTTP_JSON]
 
 
-@pytest.fixture(scope="module")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, World, Receiver]]:
-    db = tmp_path_factory.mktemp("a2a") / "relay.db"
-    with running(f"sqlite://{db}") as (server, world, rx):
-        assert rx is not None
-        yield server, world, rx
-        assert not rx.errors, rx.errors
+@pytest.fixture(
+    scope="module",
+    params=["sqlite", pytest.param("postgres-2-replicas", marks=pytest.mark.postgres)],
+)
+def relay(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, World, Receiver]]:
+    """One relay on SQLite; or two replicas on PostgreSQL, the caller on one, the receiver on
+    the other, and subscriptions on a third connection to the receiver's replica."""
+    if request.param == "sqlite":
+        db = tmp_path_factory.mktemp("a2a") / "relay.db"
+        with running(f"sqlite://{db}") as (server, world, rx):
+            assert rx is not None
+            yield server, world, rx
+            assert not rx.errors, rx.errors
+    else:
+        with pg_database() as url, replicas(url) as (server, world, rx):
+            yield server, world, rx
+            assert not rx.errors, rx.errors
 
 
 @pytest.fixture(params=BINDINGS, ids=["jsonrpc", "http+json"])
@@ -289,11 +301,13 @@ def test_subscribe_after_disconnect_sees_the_rest(relay: Any, binding: str) -> N
             lambda: client.get_task(GetTaskRequest(id=task_id)),
             lambda t: state(t) == "TASK_STATE_WORKING",
         )
-        sub = client.subscribe(SubscribeToTaskRequest(id=task_id))
+        third = await client_for(server.peer, world.tokens["caller"], binding, streaming=True)
+        sub = third.subscribe(SubscribeToTaskRequest(id=task_id))
         snap = await sub.__anext__()
         rx.release(task_id)
         rest = await collect(sub)
         await client.close()
+        await third.close()
         return snap, rest
 
     snap, rest = run(go())

@@ -224,7 +224,7 @@ async def send_blocking(
     if req.return_immediately:
         return views.task_view(task, history_length=req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
-    waker = Waker(relay.notifier, task_topic(task.id))
+    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
     try:
         while True:
             await waker.arm()
@@ -245,7 +245,7 @@ async def follow(
 ) -> AsyncIterator[dict[str, Any]]:
     """``StreamResponse`` objects for one task: the Task snapshot first, then stored events
     and state changes as they happen, ending after a terminal or interrupted state."""
-    waker = Waker(relay.notifier, task_topic(task.id))
+    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
     try:
         await waker.arm()
         current, events = await relay.call(_read, relay.store, task.workspace, task.id, 0)
