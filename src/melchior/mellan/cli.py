@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -23,12 +24,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grant": ("melchior.mellan.commands.grant", "add, list and revoke directional grants"),
     "audit": ("melchior.mellan.commands.audit", "read (or --follow) the audit log"),
     "task": ("melchior.mellan.commands.task", "list, show and cancel tasks"),
+    "send": ("melchior.mellan.commands.send", "send an A2A task as a calling agent"),
     "credential": ("melchior.mellan.commands.credential", "revoke a credential"),
 }
 
 
+def _available() -> dict[str, tuple[str, str]]:
+    """Commands whose module is installed (parts of mellan land independently)."""
+    return {
+        name: entry
+        for name, entry in COMMANDS.items()
+        if importlib.util.find_spec(entry[0]) is not None
+    }
+
+
 def _top_parser() -> argparse.ArgumentParser:
-    lines = "\n".join(f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items())
+    lines = "\n".join(f"  {name:<11} {text}" for name, (_, text) in _available().items())
     parser = argparse.ArgumentParser(
         prog="mellan",
         description="Identity, directional capability grants and durable delivery for agents.",
@@ -44,7 +55,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in COMMANDS:
+    if args and args[0] in _available():
         name = args[0]
         module = importlib.import_module(COMMANDS[name][0])
         parser = argparse.ArgumentParser(

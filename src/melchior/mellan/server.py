@@ -11,7 +11,6 @@ the first file was lost); revoke old ones with ``mellan credential revoke``.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import signal
@@ -124,11 +123,9 @@ def make_notifier(database: str | None) -> Notifier:
     """LISTEN/NOTIFY between replicas on PostgreSQL; an in-process hub on SQLite."""
     if is_postgres(database):
         assert database is not None
-        try:
-            pgnotify = importlib.import_module("melchior.mellan.pgnotify")
-        except ImportError:  # the store half ships it; until then wake-ups stay local
-            return LocalNotifier()
-        notifier: Notifier = pgnotify.PgNotifier(database)
+        from melchior.mellan.pgnotify import PgNotifier
+
+        notifier: Notifier = PgNotifier(database)
         return notifier
     return LocalNotifier()
 

@@ -99,7 +99,13 @@ def endpoint(fn: Handler) -> Handler:
                     "the relay cannot reach its database right now; nothing was changed by "
                     "this request, retry shortly",
                 )
-            raise
+            log.exception("unexpected error in %s %s", request.method, request.url.path)
+            return error_response(
+                500,
+                "internal",
+                f"the relay failed unexpectedly ({type(exc).__name__}); the relay log has "
+                "the details. Writes are single transactions, so retrying is safe",
+            )
 
     return wrapper
 
