@@ -44,7 +44,7 @@ def run(ns: argparse.Namespace) -> int:
             )
         names.check_id(parent)
         reg = Registry.open(project)
-        if parent not in reg.listed():
+        if not reg.is_listed(parent):
             raise IdentityError(f"no session {parent} is listening in project {project!r}")
         child = names.mint_id(reg.dir)
         token = secrets.token_urlsafe(32)

@@ -165,6 +165,7 @@ class Serve:
         self.published: Published | None = None
         self.done = asyncio.Event()
         self.ended_by: str | None = None
+        self._last_problem: str | None = None
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -195,8 +196,12 @@ class Serve:
             names.record_id(self.reg.dir, self.me.id)
             path = await self.publish()
         except (OSError, names.NamingError) as exc:
-            print(f"melchior serve: cannot re-publish {self.me.id}: {exc}", file=sys.stderr)
+            problem = f"melchior serve: cannot re-publish {self.me.id}: {exc}"
+            if problem != self._last_problem:  # said once, retried quietly
+                print(problem, file=sys.stderr)
+                self._last_problem = problem
             return
+        self._last_problem = None
         await self.out.send(event("listening", at=str(path), id=self.me.id, recovered=True))
 
     async def watch(self) -> None:
