@@ -126,3 +126,41 @@ def test_pg_two_replicas_sweeping(pg_url: str, tmp_path: Path) -> None:
     keys = [(r.subject, r.detail["attempt"]) for r in expired]
     assert len(keys) == len(set(keys))
     s.close()
+
+
+def test_threads_share_one_store(db_url: str) -> None:
+    """The relay calls one store object from a pool of worker threads."""
+    import threading
+
+    s = open_store(db_url)
+    seed(s)
+    n = 400
+    s.enqueue_many([new_task(session_key=f"s{i % 5}" if i % 2 else None) for i in range(n)])
+    wins: list[str] = []
+    ok = Outcome.OK
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            while True:
+                leases = s.claim(WS, "private/ops", f"t{i}", limit=3)
+                if not leases:
+                    if not s.list_tasks(WS, states=[TaskState.QUEUED, TaskState.LEASED], limit=1):
+                        return
+                    continue
+                outs = s.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
+                with lock:
+                    wins.extend(x.task.id for x, o in zip(leases, outs, strict=True) if o is ok)
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(wins) == len(set(wins)) == n
+    assert len(s.list_tasks(WS, states=[TaskState.SUCCEEDED], limit=n + 1)) == n
+    s.close()
