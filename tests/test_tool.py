@@ -135,3 +135,11 @@ def test_invalid_utf8_in_argv_is_refused_not_a_crash(harness: Harness) -> None:
     )
     reply = json.loads(proc.stdout)
     assert proc.returncode == 2 and "not valid UTF-8" in reply["error"]["reason"]
+
+
+@pytest.mark.parametrize("args", [("--verb=who", "--bogus"), ("--page=0",), ("--page=x",)])
+def test_flags_argparse_rejects_are_json_refusals_too(harness: Harness, args: tuple[str]) -> None:
+    r = harness.tool(*args)
+    assert (
+        r.rc == 2 and r.error["code"] == "bad-args" and "melchior tool --help" in r.error["reason"]
+    )

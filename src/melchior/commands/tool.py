@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 
 def _page(text: str) -> int:
@@ -32,7 +33,22 @@ def _page(text: str) -> int:
     return value
 
 
+def _json_usage_error(message: str) -> NoReturn:
+    """Even a flag argparse cannot parse is answered on stdout as one JSON refusal.
+
+    The tool's reader is a harness parsing stdout; argparse's own habit (usage on stderr,
+    nothing on stdout) would reach it as "the command printed nothing".
+    """
+    from melchior.wire import argv
+    from melchior.wire.envelope import refused
+
+    argv.emit(refused(f"{message}; see 'melchior tool --help'", code="bad-args"))
+    sys.exit(2)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # The parser is made by melchior.cli; only its error reporting is replaced here.
+    setattr(parser, "error", _json_usage_error)  # noqa: B010
     parser.add_argument("--verb", help="who, status, tell, ask, answer, task, report, end")
     parser.add_argument("--who", metavar="ID", help="the session to reach")
     parser.add_argument("--message", metavar="TEXT", help="the text to send or store")
