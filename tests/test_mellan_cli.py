@@ -92,6 +92,9 @@ def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path
     assert stored["token"] not in out
     again = agent("join", enrolled["code"], "--relay", relay.url, code=1)
     assert "already used" in again
+    mine = agent.json("agent", "list", "--as", "private/ops")["agents"]
+    assert [a["id"] for a in mine] == ["private/ops"]
+    assert "mellan join" in agent("agent", "list", "--as", "local/codex", code=2)
 
     # the agent's credential sees only itself
     as_agent = Cli(tmp_path / "agent-machine", MELLAN_RELAY=relay.url, MELLAN_TOKEN=stored["token"])

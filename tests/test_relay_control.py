@@ -195,6 +195,10 @@ def test_agents_add_list_get_and_refusals(relay: RelayProc) -> None:
             "nobody/here", "X"
         )
         assert err(c.post("/api/agents", json={"id": "sneaky"}), 403)["code"] == "owner-only"
+    refused = [r for r in _audit(relay) if not r["allowed"]]
+    assert [(r["actor"], r["action"], r["rule"]) for r in refused] == [
+        ("agent:local/codex", "agent.add", "owner-only")
+    ]
 
 
 # -- grants --------------------------------------------------------------------------------------

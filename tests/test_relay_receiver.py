@@ -6,7 +6,10 @@ every receiver step goes through a running ``mellan relay``.
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -238,3 +241,34 @@ def test_agents_see_tasks_they_sent_or_received(relay: RelayProc, store: Store) 
         r = c.get("/api/tasks", params={"state": "queued,leased"})
         assert [t["id"] for t in ok(r)["tasks"]] == [task_id]
         assert c.get("/api/tasks", params={"state": "bogus"}).status_code == 400
+
+
+def test_sweeper_fails_spent_leases_without_any_claim(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    task_id = enqueue(store, max_attempts=1)
+    with ReceiverClient(relay.url, ops) as rc:
+        claim_one(rc)
+    store.expire_leases([task_id])  # type: ignore[attr-defined]
+    # nobody claims again: the relay's own sweeper must settle it (it runs every few seconds)
+    deadline = time.monotonic() + 60
+    while task(relay, task_id)["state"] != "failed":
+        assert time.monotonic() < deadline, "the sweeper never failed the spent task"
+        time.sleep(0.2)
+    expired = [r for r in audit(relay) if r["action"] == "lease.expired"]
+    assert [r["subject"] for r in expired] == [task_id]
+
+
+def test_shutdown_answers_open_long_polls_and_exits_cleanly(relay: RelayProc, store: Store) -> None:
+    _, ops = setup_pair(relay)
+    host, port = relay.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = json.dumps({"wait": 60})
+    headers = {"authorization": f"Bearer {ops}", "content-type": "application/json"}
+    conn.request("POST", "/api/receiver/claim", body, headers)  # sent in full on return
+    with relay.owner() as c:  # served after the long-poll above was read
+        ok(c.get("/healthz"))
+    assert relay.stop() == 0
+    response = conn.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read()) == {"leases": []}
+    assert any("stopped" in line for line in relay.lines)

@@ -70,6 +70,18 @@ async def _who(request: Request) -> tuple[Relay, Principal]:
     return relay, await authenticate(request, relay)
 
 
+async def _owner_only(relay: Relay, me: Principal, action: str) -> None:
+    """Refuse a non-owner, and record the refusal: an agent reaching for owner powers is a
+    decision worth an audit line."""
+    if _is_owner(me):
+        return
+    await record(
+        relay, me.workspace, actor(me), action, me.subject, False, "owner-only",
+        "an agent credential asked for an owner-only operation",
+    )  # fmt: skip
+    require_owner(me)
+
+
 def _is_owner(p: Principal) -> bool:
     return p.kind is CredentialKind.OWNER
 
@@ -176,7 +188,7 @@ def _duplicate(exc: BaseException) -> bool:
 @endpoint
 async def add_agent(request: Request) -> Response:
     relay, me = await _who(request)
-    require_owner(me)
+    await _owner_only(relay, me, "agent.add")
     body = await read_object(request, relay)
     agent_id = field_str(body, "id")
     description = field_str(body, "description", required=False)
@@ -254,7 +266,7 @@ def _plus_seconds(iso_now: str, seconds: int) -> str:
 async def enroll(request: Request) -> Response:
     """Mint a one-time, expiring enrollment code for an agent; shown once, stored hashed."""
     relay, me = await _who(request)
-    require_owner(me)
+    await _owner_only(relay, me, "enrollment.add")
     body = await read_object(request, relay)
     agent_id = field_str(body, "agent")
     ttl = field_int(body, "ttl_seconds", ENROLL_TTL_DEFAULT, 30, ENROLL_TTL_MAX)
@@ -333,7 +345,7 @@ async def join(request: Request) -> Response:
 @endpoint
 async def add_grant(request: Request) -> Response:
     relay, me = await _who(request)
-    require_owner(me)
+    await _owner_only(relay, me, "grant.add")
     body = await read_object(request, relay)
     caller = field_str(body, "caller")
     receiver = field_str(body, "receiver")
@@ -416,7 +428,7 @@ async def list_grants(request: Request) -> Response:
 @endpoint
 async def revoke_grant(request: Request) -> Response:
     relay, me = await _who(request)
-    require_owner(me)
+    await _owner_only(relay, me, "grant.revoke")
     grant_id = request.path_params["grant_id"]
     revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id)
     if not revoked:
@@ -444,7 +456,7 @@ async def revoke_grant(request: Request) -> Response:
 async def audit(request: Request) -> Response:
     """Audit records after ``after`` (a seq); with ``wait`` > 0, long-poll for new ones."""
     relay, me = await _who(request)
-    require_owner(me)
+    await _owner_only(relay, me, "audit.read")
     after = query_int(request, "after", 0, 0, 2**62)
     limit = query_int(request, "limit", 100, 1, 1000)
     wait = query_int(request, "wait", 0, 0, 60)
@@ -454,7 +466,7 @@ async def audit(request: Request) -> Response:
     while True:
         records = await relay.call(relay.store.audit_since, me.workspace, after, limit)
         remaining = deadline - loop.time()
-        if records or remaining <= 0 or await request.is_disconnected():
+        if records or remaining <= 0 or relay.closing or await request.is_disconnected():
             break
         await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
     last = records[-1].seq if records else after

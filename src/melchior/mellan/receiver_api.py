@@ -107,7 +107,7 @@ async def claim(request: Request) -> Response:
             lease_seconds=lease_seconds,
         )
         remaining = deadline - loop.time()
-        if leases or remaining <= 0:
+        if leases or remaining <= 0 or relay.closing:
             break
         if await request.is_disconnected():
             return JSON({"leases": []})  # nobody to hand a lease to; claim nothing

@@ -29,6 +29,9 @@ class Relay:
     """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
     sweep_interval: float = 5.0
     """Seconds between lease sweeps (every replica sweeps; the store makes that safe)."""
+    closing: bool = False
+    """Set when the replica is shutting down: long-polls answer at their next store read
+    instead of holding the graceful shutdown open until their ``wait`` runs out."""
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
@@ -146,7 +147,16 @@ def bind(host: str, port: int) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
-    after shutdown (which would skip closing the store and report a kill to systemd)."""
+    after shutdown (which would skip closing the store and report a kill to systemd), and
+    open long-polls are told to answer now rather than hold the drain open."""
+
+    def __init__(self, config: uvicorn.Config, relay: Relay) -> None:
+        super().__init__(config)
+        self.relay = relay
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.relay.closing = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -203,7 +213,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             timeout_graceful_shutdown=5,
             proxy_headers=False,
         )
-        server = _Server(config)
+        server = _Server(config, relay)
         say(f"listening on {url}" + (f" (public URL {public})" if public != url else ""))
         say("ready; Ctrl-C or SIGTERM stops it gracefully")
         server.run(sockets=[sock])

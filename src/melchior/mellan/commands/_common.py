@@ -67,7 +67,35 @@ class Target:
     token: str | None
 
 
+def agent_file(agent: str) -> Path:
+    """Where ``mellan join`` keeps an agent's credential."""
+    return config_dir() / "agents" / f"{agent}.json"
+
+
+def read_agent(agent: str) -> dict[str, Any]:
+    path = agent_file(agent)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(
+            f"no stored credential for agent {agent!r} ({path}); run 'mellan join CODE "
+            "--relay URL' on this machine first",
+            EXIT_USAGE,
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or "token" not in data:
+        raise CliError(f"{path} is not a mellan agent credential", EXIT_USAGE)
+    return data
+
+
 def target(ns: argparse.Namespace, *, need_token: bool = True) -> Target:
+    """Relay and credential: ``--as AGENT`` (a stored join), else env, else the login."""
+    as_agent = getattr(ns, "as_agent", None)
+    if as_agent:
+        joined = read_agent(as_agent)
+        relay_url = getattr(ns, "relay", None) or joined["relay"]
+        return Target(str(relay_url).rstrip("/"), str(joined["token"]))
     stored = read_login()
     relay = (
         getattr(ns, "relay", None)
@@ -138,6 +166,12 @@ def add_common(parser: argparse.ArgumentParser, *, relay: bool = True) -> None:
     if relay:
         parser.add_argument(
             "--relay", metavar="URL", help="relay URL (default: $MELLAN_RELAY or stored login)"
+        )
+        parser.add_argument(
+            "--as",
+            dest="as_agent",
+            metavar="AGENT",
+            help="act with the agent credential 'mellan join' stored for AGENT",
         )
 
 

@@ -14,8 +14,8 @@ from melchior.mellan.commands._common import (
     CliError,
     Target,
     add_common,
+    agent_file,
     call,
-    config_dir,
     guarded,
     print_json,
     write_private_json,
@@ -36,7 +36,7 @@ def run(ns: argparse.Namespace) -> int:
     relay = ns.relay.rstrip("/")
     data = call(Target(relay, None), "POST", "/api/join", {"code": code})
     agent = str(data["agent"])
-    path = config_dir() / "agents" / f"{agent}.json"
+    path = agent_file(agent)
     write_private_json(
         path,
         {
