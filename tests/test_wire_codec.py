@@ -35,6 +35,12 @@ def test_encode_refuses_non_objects_and_nan() -> None:
         encode({"x": float("nan")})
 
 
+def test_encode_refuses_lone_surrogates() -> None:
+    with pytest.raises(WireError, match="lone surrogate") as info:
+        encode({"t": "\ud800"})
+    assert info.value.code == "bad-encoding"
+
+
 def test_big_integers_survive() -> None:
     assert decode(encode({"n": 12345678901234567890}))["n"] == 12345678901234567890
 

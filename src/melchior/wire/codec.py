@@ -41,7 +41,13 @@ def encode(obj: JSONObject) -> bytes:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise WireError(f"message cannot be encoded as JSON: {exc}") from None
-    return text.encode("utf-8")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise WireError(
+            f"message holds text that is not Unicode (a lone surrogate at {exc.start})",
+            code="bad-encoding",
+        ) from None
 
 
 def decode(data: bytes) -> JSONObject:

@@ -9,15 +9,18 @@ framing is intact, so the connection stays usable.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from melchior.wire.codec import JSONObject, WireError, decode, encode
 from melchior.wire.limits import frame_limit
 
 HEADER = struct.Struct(">I")
+
+if TYPE_CHECKING:  # asyncio costs start-up time; the argv tool never needs it
+    import asyncio
 
 
 def pack(msg: JSONObject, *, limit: int | None = None) -> bytes:
@@ -140,6 +143,8 @@ def send(sock: socket.socket, msg: JSONObject, *, limit: int | None = None) -> N
 
 async def read(reader: asyncio.StreamReader, *, limit: int | None = None) -> JSONObject | None:
     """Read one message from a stream; ``None`` on a clean EOF between frames."""
+    import asyncio  # already loaded: a stream reader implies a running loop
+
     cap = frame_limit(limit)
     try:
         header = await reader.readexactly(HEADER.size)

@@ -7,12 +7,14 @@ its newline: unlike a bad socket length, a pipe can always find the next message
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from melchior.wire.codec import JSONObject, WireError, decode, encode
 from melchior.wire.limits import frame_limit
+
+if TYPE_CHECKING:  # asyncio costs start-up time; the argv tool never needs it
+    import asyncio
 
 
 def pack(msg: JSONObject) -> bytes:
