@@ -363,3 +363,10 @@ def test_oversized_bodies_are_refused(db_url: str, tmp_path: Path) -> None:
             ok(c.post("/api/agents", json={"id": "x", "description": "fits"}), 201)
     finally:
         relay.stop()
+
+
+def test_unknown_endpoints_and_methods_answer_in_the_error_shape(relay: RelayProc) -> None:
+    with relay.owner() as c:
+        assert err(c.get("/api/nothing-here"), 404)["code"] == "no-such-endpoint"
+        assert err(c.put("/api/agents"), 405)["code"] == "method-not-allowed"
+        assert ok(c.get("/healthz"))["ok"] is True

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.relay import Relay
@@ -50,6 +51,19 @@ async def sweep_leases(relay: Relay) -> None:
             log.info("lease sweep: %d expired task(s) out of attempts marked failed", changed)
 
 
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Router-level misses under ``/api`` (no such path, wrong method) answer in the API's
+    JSON error shape; everything else keeps Starlette's default."""
+    assert isinstance(exc, HTTPException)
+    if not request.url.path.startswith("/api/"):
+        return PlainTextResponse(exc.detail, exc.status_code, headers=exc.headers)
+    code = {404: "no-such-endpoint", 405: "method-not-allowed"}.get(exc.status_code, "http")
+    reason = f"{request.method} {request.url.path}: {exc.detail}; see docs/mellan.md for the API"
+    return JSONResponse(
+        {"error": {"code": code, "reason": reason}}, exc.status_code, headers=exc.headers
+    )
+
+
 def create_app(relay: Relay) -> Starlette:
     from melchior.mellan import a2a, control, receiver_api
 
@@ -70,6 +84,8 @@ def create_app(relay: Relay) -> Starlette:
                 await sweeper
             await relay.notifier.stop()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
     app.state.relay = relay
     return app

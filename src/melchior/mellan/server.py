@@ -93,7 +93,9 @@ def write_private(path: Path, text: str) -> None:
         raise
 
 
-def bootstrap(store: Store, token_file: Path, *, force: bool, say: Callable[[str], None]) -> bool:
+def bootstrap(
+    store: Store, token_file: Path, url: str, *, force: bool, say: Callable[[str], None]
+) -> bool:
     """Create workspace ``default`` and an owner credential on an empty database.
 
     The token file is written *before* the credential is stored, so a crash can leave an
@@ -116,7 +118,7 @@ def bootstrap(store: Store, token_file: Path, *, force: bool, say: Callable[[str
         f"{prefix}owner credential {credential_id} written to {token_file} "
         "(mode 0600; the token is not shown again)"
     )
-    say(f"  log in with: mellan login --relay URL --token-file {token_file}")
+    say(f"  log in with: mellan login --relay {url} --token-file {token_file}")
     return True
 
 
@@ -198,12 +200,12 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     try:
         version = getattr(store, "schema_version", lambda: None)()
         say("schema up to date" + (f" (version {version})" if version is not None else ""))
-        token_file = options.owner_token_file or data_dir() / "owner.token"
-        bootstrap(store, token_file, force=options.mint_owner_token, say=say)
         port = sock.getsockname()[1]
         host = options.host if ":" not in options.host else f"[{options.host}]"
         url = f"http://{host}:{port}"
         public = (options.public_url or url).rstrip("/")
+        token_file = options.owner_token_file or data_dir() / "owner.token"
+        bootstrap(store, token_file, public, force=options.mint_owner_token, say=say)
         relay = Relay(store=store, notifier=notifier, public_url=public, max_body=options.max_body)
         app = create_app(relay)
         config = uvicorn.Config(
