@@ -60,6 +60,7 @@ class PgNotifier:
         self._pub_conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
         self._listening = asyncio.Event()
         self._stopping = False
 
@@ -77,6 +78,10 @@ class PgNotifier:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self._flush()  # what was published before stop still goes out
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -120,9 +125,12 @@ class PgNotifier:
     # -- internals ----------------------------------------------------------------------------
     def _arm(self) -> None:
         assert self._loop is not None
-        self._loop.call_later(self.debounce, self._spawn_flush)
+        if self._stopping:
+            return
+        self._timer = self._loop.call_later(self.debounce, self._spawn_flush)
 
     def _spawn_flush(self) -> None:
+        self._timer = None
         task = asyncio.create_task(self._flush())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
