@@ -1,8 +1,6 @@
 """Send a task to another agent through the relay's A2A entry, as a calling agent.
 
-NOTE for the ``mellan`` command table (``src/melchior/mellan/cli.py``): this module is
-the ``send`` command — ``"send": ("melchior.mellan.commands.send", "send a task to an
-agent over A2A")``. It speaks A2A 1.0 HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}``.
+It speaks A2A 1.0 HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}`` (docs/a2a.md).
 
 The credential is an *agent* credential: ``$MELLAN_TOKEN``, else the one ``mellan join``
 stored for ``--as AGENT``, else the only one stored. By default the task is accepted and
