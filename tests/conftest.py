@@ -9,6 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge correctness, never speed: on a loaded 2-core machine a slow
+# example is not a failure.
+settings.register_profile("melchior", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("melchior")
 
 PG_ADMIN_URL = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 ON_CI = os.environ.get("CI", "").lower() == "true"
