@@ -1,0 +1,70 @@
+"""Exact JSON (``melchior.mellan.rawjson``) and the relay's small pure helpers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from melchior.mellan.rawjson import Raw, decode, encode
+from melchior.mellan.receiver_api import backoff, explain_lost
+from melchior.mellan.server import redact
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.decimals(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_decode_encode_round_trips_exactly(value: Any) -> None:
+    text = encode(value)
+    assert decode(text) == value
+    assert decode(encode(decode(text))) == value
+
+
+def test_numbers_keep_their_digits() -> None:
+    text = '{"n":12345678901234567890,"f":0.10000000000000000001,"e":1e400}'
+    value = decode(text)
+    assert value["n"] == 12345678901234567890
+    assert str(value["f"]) == "0.10000000000000000001"
+    assert decode(encode(value)) == value
+    assert encode({"raw": Raw(text)}) == '{"raw":' + text + "}"
+
+
+@pytest.mark.parametrize("bad", ["NaN", '{"x": Infinity}', "-Infinity", "{", "[1,]"])
+def test_non_json_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        decode(bad)
+
+
+def test_unicode_is_kept_as_text() -> None:
+    assert encode({"é": "ø\u2028"}) == json.dumps({"é": "ø\u2028"}, ensure_ascii=False).replace(
+        " ", ""
+    )
+
+
+def test_backoff_doubles_with_jitter_and_is_capped() -> None:
+    for attempt, ceiling in ((1, 1.0), (2, 2.0), (5, 16.0), (30, 300.0)):
+        for _ in range(50):
+            assert ceiling / 2 <= backoff(attempt) <= ceiling
+
+
+def test_database_urls_lose_their_password_in_status_lines() -> None:
+    assert redact("postgresql://u:secret@db:5432/x") == "postgresql://u:***@db:5432/x"
+    assert redact("postgresql://db/x") == "postgresql://db/x"
+    assert redact("sqlite:///tmp/a.db") == "sqlite:///tmp/a.db"
+
+
+def test_lease_lost_reasons() -> None:
+    assert explain_lost(None, 1)[0] == "finished"
