@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -1064,3 +1065,130 @@ def test_gate_wire_passes_every_wire_fixture(tmp_path: Path) -> None:
         [sys.executable, "-m", "melchior.cli", "gate-wire", str(bad)], capture_output=True
     )
     assert refused.returncode == 1
+
+
+# -- against a live `melchior serve` ---------------------------------------------------------
+
+
+class LiveServe:
+    """A real ``melchior serve`` child on pipes, as a harness runs it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import queue
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "melchior.cli", "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self.lines: list[bytes] = []
+        self._events: queue.Queue[JSONObject | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        first = self.event()
+        assert first["event"] == "listening", first
+        self.at: str = first["at"]
+        self.id = self.at.rsplit("/", 1)[1]
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._events.put(json.loads(line))
+        self._events.put(None)
+
+    def event(self) -> JSONObject:
+        got = self._events.get(timeout=30)  # a hang guard, not a threshold
+        if got is None:
+            assert self.proc.stderr is not None
+            raise AssertionError(f"serve ended: {self.proc.stderr.read().decode()}")
+        return got
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(30)
+
+
+@pytest.fixture
+def live_env(runtime_dir: Path, tmp_path: Path) -> dict[str, str]:
+    if importlib.util.find_spec("melchior.commands.serve") is None:
+        pytest.skip("melchior serve is not in this tree yet")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAGI_MELCHIOR_")}
+    env.update(
+        XDG_RUNTIME_DIR=str(runtime_dir),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        MAGI_MELCHIOR_PROJECT="demo",
+    )
+    return env
+
+
+@pytest.mark.parametrize("flavour", ["lua54", "luajit21"])
+def test_lua_against_a_live_session(flavour: str, live_env: dict[str, str]) -> None:
+    if flavour not in FLAVOURS:
+        pytest.skip(f"lupa has no {flavour} here")
+    from melchior.wire.gate import scan_lines
+
+    alpha, beta = LiveServe(live_env), LiveServe(live_env)
+    try:
+        # The host is alpha's harness: it knows its registry and id from listening.at.
+        lua = Lua(flavour, settings={"at": alpha.at})
+        lua.run(
+            "local m, listdir = ...; m.configure{list = function(d) return listdir(d) end}",
+            lambda d: lua.rt.table(*os.listdir(d)),
+        )
+        ids, status, receipt, about, verbs = lua.run(
+            """
+            local melchior, beta = ...
+            local them = melchior.connect(beta)
+            local st = them.status()
+            local receipt = them.tell("the parser is done", "attention")
+            local q = them.ask("is the lexer done?")
+            local verbs = melchior.array({them.verbs()})
+            them:close()
+            return melchior.list(), st, receipt, q.about, verbs
+            """,
+            beta.id,
+        )
+        assert lua.to_py(ids) == sorted([alpha.id, beta.id])
+        st = lua.to_py(status)
+        assert st["id"] == beta.id and st["project"] == "demo" and st["role"] == "main"
+        assert set(st) >= {"id", "project", "role", "parent", "busy", "working_for", "waiting"}
+        assert lua.to_py(receipt)["receipt"] in ("delivered", "queued")
+        names_ = {v["name"] for v in lua.to_py(verbs)}
+        assert names_ >= {"status", "tell", "ask", "answer", "verbs"}  # the client's verbs
+
+        told = beta.event()
+        assert told["event"] == "message" and told["sort"] == "attention"
+        assert told["text"] == "the parser is done" and told["who"] == f"demo/main/{alpha.id}"
+        asked = beta.event()
+        assert asked["sort"] == "question" and asked["about"] == about.decode()
+
+        # beta's harness answers through its own client; alpha's serve records it.
+        as_beta = Lua(flavour, settings={"at": beta.at})
+        as_beta.run(
+            "local m, a, about = ...; local t = m.connect(a); t.answer(about, 'yes'); t:close()",
+            alpha.id,
+            about,
+        )
+        answered = alpha.event()
+        assert answered["sort"] == "answer" and answered["text"] == "yes"
+        task = lua.run(
+            "local m, a, about = ...; return m.connect(a).call('task', about)", alpha.id, about
+        )
+        assert lua.to_py(task)["state"] == "answered"
+
+        # a refusal from the real thing is a Lua error with its reason
+        ok, err = lua.run("local m, b = ...; return pcall(m.connect(b).call, 'fly')", beta.id)
+        assert ok is False and b"refused fly" in err and b"[unknown-verb]" in err
+
+        traffic = _transcript(lua.streams + as_beta.streams)
+        assert scan_lines("lua<->serve", traffic) == []
+        assert scan_lines("serve stdout", b"".join(alpha.lines + beta.lines)) == []
+    finally:
+        assert beta.close() == 0
+        alpha.close()
+    with pytest.raises(LuaError) as exc:  # beta's harness is gone, and so is its name
+        lua.run("local m, b = ...; m.connect(b)", beta.id)
+    assert f"cannot reach {beta.id}" in lua_error(exc.value)
