@@ -33,7 +33,7 @@ import uvicorn
 
 from melchior.mellan.app import create_app
 from melchior.mellan.auth import hash_token, new_token
-from melchior.mellan.notify import LocalNotifier
+from melchior.mellan.notify import LocalNotifier, Notifier
 from melchior.mellan.receiver_client import ReceiverClient, ReceiverError
 from melchior.mellan.relay import Relay
 from melchior.mellan.store import open_store
@@ -49,8 +49,8 @@ CAPS = ("incident.inspect", "incident.fix")
 class Server:
     """One relay replica: the real app under uvicorn on 127.0.0.1, in a thread."""
 
-    def __init__(self, db_url: str, poll: float = 0.2) -> None:
-        self.notifier = LocalNotifier()
+    def __init__(self, db_url: str, poll: float = 0.2, notifier: Notifier | None = None) -> None:
+        self.notifier = notifier or LocalNotifier()
         self.store = open_store(db_url, publish=self.notifier.publish)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -293,11 +293,13 @@ def pg_database() -> Iterator[str]:
 
 @contextlib.contextmanager
 def replicas(db_url: str) -> Iterator[tuple[Server, World, Receiver]]:
-    """Two relay replicas on one PostgreSQL database: callers use the first (its ``peer``
-    is the second, for streams on a third connection), the receiver the second. Each
-    replica has only its own in-process notifier, so everything that crosses replicas is
-    found by the periodic store reads — the truth the design relies on."""
-    front, back = Server(db_url), Server(db_url)
+    """Two relay replicas on one PostgreSQL database, woken across replicas by LISTEN/NOTIFY
+    as deployed: callers use the first (its ``peer`` is the second, for streams on a third
+    connection), the receiver the second."""
+    from melchior.mellan.pgnotify import PgNotifier
+
+    front = Server(db_url, notifier=PgNotifier(db_url))
+    back = Server(db_url, notifier=PgNotifier(db_url))
     front.peer = back
     world = seed(front.store)
     rx = Receiver(back.url, world.tokens["receiver"])

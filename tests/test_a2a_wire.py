@@ -261,3 +261,28 @@ def test_history_length(relay: tuple[Server, World]) -> None:
     assert len(httpx.get(url, headers=auth(world)).json()["history"]) == 2
     one = httpx.get(url, params={"historyLength": 1}, headers=auth(world)).json()["history"]
     assert [m["role"] for m in one] == ["ROLE_AGENT"]
+
+
+def test_sse_frames_keepalive_and_a_late_error() -> None:
+    import asyncio
+
+    from melchior.mellan.a2a import sse
+    from melchior.mellan.a2a.errors import TaskNotFound
+
+    async def events() -> Any:
+        yield {"task": {"id": "t"}}
+        await asyncio.sleep(0.2)
+        raise TaskNotFound(metadata={"taskId": "t"})
+
+    async def collect() -> bytes:
+        chunks = []
+        async for chunk in sse._frames(events(), lambda e: e, lambda e: e.rest_body(), 0.01):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    out = asyncio.run(collect()).decode()
+    assert out.startswith('data: {"task":{"id":"t"}}\n\n')
+    assert ": keepalive\n\n" in out
+    tail = out.rsplit("\n\n", 2)[-2]
+    assert tail.startswith("event: error\ndata: ")
+    assert json.loads(tail.split("data: ", 1)[1])["error"]["code"] == 404

@@ -1,8 +1,10 @@
 """Server-sent events for A2A streams: one ``data:`` line of JSON per event.
 
-No ``id:``/``event:`` fields (A2A streams are not resumed by Last-Event-ID; a client
-reconnects with SubscribeToTask and gets a fresh snapshot). A comment line is sent
-while nothing happens so proxies and idle timeouts do not cut a quiet stream.
+No ``id:`` fields (A2A streams are not resumed by Last-Event-ID; a client reconnects
+with SubscribeToTask and gets a fresh snapshot); ``event: error`` marks a failure after
+the stream began (the data is the binding's error body), as A2A clients expect. A
+comment line is sent while nothing happens so proxies and idle timeouts do not cut a
+quiet stream.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ KEEPALIVE_SECONDS = 15.0
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-def frame(obj: Any) -> bytes:
-    return b"data: " + jsontext.dumpb(obj) + b"\n\n"
+def frame(obj: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + jsontext.dumpb(obj) + b"\n\n"
 
 
 async def _frames(
@@ -45,8 +48,8 @@ async def _frames(
                 event = fut.result()
             except StopAsyncIteration:
                 return
-            except Exception as exc:  # a failure mid-stream becomes an error event
-                yield frame(on_error(exc))
+            except Exception as exc:  # a failure mid-stream becomes an ``error`` event
+                yield frame(on_error(exc), "error")
                 return
             yield frame(wrap(event))
     finally:
