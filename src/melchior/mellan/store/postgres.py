@@ -436,42 +436,57 @@ class PostgresStore:
             raise ValueError("max_attempts must be at least 1")
         if not tasks:
             return []
-        return self._write(lambda tx: [self._enqueue(tx, t) for t in tasks])
+        return self._write(lambda tx: self._enqueue(tx, tasks))
 
     @staticmethod
-    def _enqueue(tx: _Tx, task: NewTask) -> tuple[Task, bool]:
-        row = tx.one(
+    def _enqueue(tx: _Tx, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        """All inserts in one pipelined ``executemany`` (one round trip for the batch); a
+        dedupe hit returns no row, and is answered with the task already stored."""
+        tx.cur.executemany(
             "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
             " state, payload, metadata, message_id, session_key, chain, hop, path,"
             " max_attempts) VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, %s,"
             " %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *",
-            (
-                C.new_id(),
-                task.workspace,
-                task.caller,
-                task.receiver,
-                task.capability,
-                task.context_id or C.new_id(),
-                task.payload,
-                task.metadata,
-                task.message_id,
-                task.session_key,
-                task.chain,
-                task.hop,
-                json.dumps(list(task.path)),
-                task.max_attempts,
-            ),
+            [
+                (
+                    C.new_id(),
+                    t.workspace,
+                    t.caller,
+                    t.receiver,
+                    t.capability,
+                    t.context_id or C.new_id(),
+                    t.payload,
+                    t.metadata,
+                    t.message_id,
+                    t.session_key,
+                    t.chain,
+                    t.hop,
+                    json.dumps(list(t.path)),
+                    t.max_attempts,
+                )
+                for t in tasks
+            ],
+            returning=True,
         )
-        if row is not None:
-            tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
-            return C.task_from_row(row), True
-        existing = tx.one(
-            "SELECT * FROM task WHERE workspace = %s AND caller = %s AND message_id = %s",
-            (task.workspace, task.caller, task.message_id),
-        )
-        if existing is None:
-            raise StoreError("enqueue: insert suppressed without a duplicate")
-        return C.task_from_row(existing), False
+        inserted: list[Row | None] = []
+        while True:
+            inserted.append(tx.cur.fetchone())
+            if not tx.cur.nextset():
+                break
+        out: list[tuple[Task, bool]] = []
+        for task, row in zip(tasks, inserted, strict=True):
+            if row is not None:
+                tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
+                out.append((C.task_from_row(row), True))
+                continue
+            existing = tx.one(
+                "SELECT * FROM task WHERE workspace = %s AND caller = %s AND message_id = %s",
+                (task.workspace, task.caller, task.message_id),
+            )
+            if existing is None:
+                raise StoreError("enqueue: insert suppressed without a duplicate")
+            out.append((C.task_from_row(existing), False))
+        return out
 
     def get_task(self, workspace: str, task_id: str) -> Task | None:
         rows = self._read(
