@@ -176,6 +176,7 @@ def test_hop_limit_refuses_the_fifth_hop_and_audits_it(relay: tuple[Server, Worl
             assert resp.status_code == 400
             detail = resp.json()["error"]
             assert detail["details"][0]["reason"] == "HOP_LIMIT"
+            assert detail["details"][0]["metadata"] == {"chain": "c1", "hop": "5"}
             assert "hop 5" in detail["message"]
             assert last_refusal(server, WS).rule == "hop-limit"
 

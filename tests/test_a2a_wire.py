@@ -286,3 +286,30 @@ def test_sse_frames_keepalive_and_a_late_error() -> None:
     tail = out.rsplit("\n\n", 2)[-2]
     assert tail.startswith("event: error\ndata: ")
     assert json.loads(tail.split("data: ", 1)[1])["error"]["code"] == 404
+
+
+def test_work_waits_queued_while_the_receiver_is_offline(tmp_path: Any) -> None:
+    from a2a_kit import Receiver
+
+    with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
+        body = {"message": message("echo later"), "configuration": {"returnImmediately": True}}
+        r = post(f"{server.base()}/message:send", json.dumps(body).encode(), auth(world))
+        task = r.json()["task"]
+        assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
+        url = f"{server.base()}/tasks/{task['id']}:subscribe"
+        with httpx.stream("POST", url, headers=auth(world), timeout=60) as s:
+            lines = s.iter_lines()
+            first = json.loads(next(ln for ln in lines if ln.startswith("data:"))[5:])
+            assert first["task"]["status"]["state"] == "TASK_STATE_SUBMITTED"
+            rx = Receiver(server.url, world.tokens["receiver"])  # the destination comes online
+            try:
+                events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:")]
+            finally:
+                rx.stop()
+        states = [e["statusUpdate"]["status"]["state"] for e in events if "statusUpdate" in e]
+        arts = [
+            e["artifactUpdate"]["artifact"]["artifactId"] for e in events if "artifactUpdate" in e
+        ]
+        assert arts == ["echo"]
+        assert states[-1] == "TASK_STATE_COMPLETED"
+        assert set(states) <= {"TASK_STATE_WORKING", "TASK_STATE_COMPLETED"}

@@ -48,6 +48,7 @@ MAX_BLOCK_SECONDS = 600.0
 that stays offline cannot hold a connection forever; the caller then polls or
 subscribes. Documented in docs/a2a.md."""
 
+HOP_KEYS = ("chain", "hop")
 REFUSED_QUIETLY = frozenset({"unknown-agent", "unknown-capability", "no-grant", "other-workspace"})
 """Refusal rules whose reason the caller must not learn (it would reveal the inventory)."""
 
@@ -86,7 +87,7 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
     if rule in REFUSED_QUIETLY:
         raise Forbidden(NOT_GRANTED)
     if rule == "hop-limit":
-        raise HopLimit(reason)
+        raise HopLimit(reason, metadata={k: str(v) for k, v in detail.items() if k in HOP_KEYS})
     raise Forbidden(reason)
 
 
