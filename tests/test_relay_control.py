@@ -370,3 +370,27 @@ def test_unknown_endpoints_and_methods_answer_in_the_error_shape(relay: RelayPro
         assert err(c.get("/api/nothing-here"), 404)["code"] == "no-such-endpoint"
         assert err(c.put("/api/agents"), 405)["code"] == "method-not-allowed"
         assert ok(c.get("/healthz"))["ok"] is True
+
+
+def test_sqlite_held_locked_is_a_503_and_nothing_is_written(tmp_path: Path) -> None:
+    """Another process holds the SQLite write lock past the busy timeout: the relay says the
+    database is unavailable instead of failing obscurely, and writes nothing."""
+    import sqlite3
+
+    db = tmp_path / "relay.db"
+    relay = start_relay(f"sqlite://{db}", tmp_path)
+    try:
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            with relay.owner() as c:
+                e = err(c.post("/api/agents", json={"id": "while/locked"}), 503)
+                assert e["code"] == "database-unavailable" and "nothing was changed" in e["reason"]
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        with relay.owner() as c:
+            assert ok(c.get("/api/agents"))["agents"] == []
+            ok(c.post("/api/agents", json={"id": "while/locked"}), 201)
+    finally:
+        relay.stop()

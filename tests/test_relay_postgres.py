@@ -136,3 +136,35 @@ def test_database_outage_is_a_clear_503_then_recovers(pg_url: str, tmp_path: Pat
         assert codex
     finally:
         relay.stop()
+
+
+def test_terminated_backends_never_surface_as_500(pg_url: str, tmp_path: Path) -> None:
+    """Connections cut under the relay (a failover, an admin's pg_terminate_backend): each
+    request is answered or refused with 503, and service comes back on its own."""
+    import psycopg
+
+    from conftest import PG_ADMIN_URL
+
+    relay = start_relay(pg_url, tmp_path)
+    try:
+        setup_pair(relay)
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (_db_name(pg_url),),
+            )
+        statuses = []
+        with relay.owner() as c:
+            for i in range(6):
+                r = c.post("/api/agents", json={"id": f"after/cut-{i}"})
+                statuses.append(r.status_code)
+                if r.status_code == 503:
+                    assert r.json()["error"]["code"] == "database-unavailable"
+            assert set(statuses) <= {201, 503}, statuses
+            assert statuses[-1] == 201
+            made = {a["id"] for a in ok(c.get("/api/agents"))["agents"]}
+        assert made >= {f"after/cut-{i}" for i, s in enumerate(statuses) if s == 201}
+        assert not made & {f"after/cut-{i}" for i, s in enumerate(statuses) if s == 503}
+    finally:
+        relay.stop()
