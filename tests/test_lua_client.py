@@ -686,6 +686,30 @@ def test_broken_framing_is_an_error_not_a_hang(regdir: Path, raw: bytes, message
         server.close()
 
 
+def test_a_dropped_connection_is_reopened_by_the_next_call(regdir: Path) -> None:
+    def script(body: bytes) -> bytes:
+        cid = json.loads(body)["id"]
+        return frame({"ok": True, "family": 1, "n": 1, "result": [{"busy": False}], "id": cid})
+
+    server = ScriptedServer(regdir / "beta-nu", script, hangup=True)  # one reply per connection
+    try:
+        lua = lua_for("lua54", regdir)
+        first, second, third = lua.run(
+            """
+            local m = ...
+            local them = m.connect('beta-nu')
+            local first = them.status().busy
+            local ok, err = pcall(them.status)
+            return first, err, them.status().busy
+            """
+        )
+        assert first is False and third is False
+        assert second.startswith(b"melchior: beta-nu: ")
+        assert len(lua.streams) == 2
+    finally:
+        server.close()
+
+
 def test_the_client_refuses_to_send_over_its_limit(regdir: Path, session: SessionServer) -> None:
     lua = Lua("lua54", settings={"dir": str(regdir), "limit": 100})
     with pytest.raises(LuaError) as exc:
@@ -1174,9 +1198,7 @@ def test_lua_against_a_live_session(flavour: str, live_env: dict[str, str]) -> N
         )
         answered = alpha.event()
         assert answered["sort"] == "answer" and answered["text"] == "yes"
-        task = lua.run(
-            "local m, a, about = ...; return m.connect(a).call('task', about)", alpha.id, about
-        )
+        task = lua.run("local m, a, about = ...; return m.connect(a):task(about)", alpha.id, about)
         assert lua.to_py(task)["state"] == "answered"
 
         # a refusal from the real thing is a Lua error with its reason
