@@ -148,3 +148,45 @@ def queue_worker(
             if sweep:
                 s.sweep()
     s.close()
+
+
+def zombie_worker(url: str, owner: str, log_path: str, seed_value: int, ttl: float) -> None:
+    """A receiver that sometimes stalls past its lease (real TTL, real clock) and then
+    reports anyway, as a partitioned or frozen receiver would. Logs
+    ``[task_id, epoch, kind, outcome]``."""
+    import json
+    import random
+
+    from melchior.mellan.store.base import TaskState
+
+    rng = random.Random(seed_value)
+    s = open_store(url, migrate=False)
+    open_states = [TaskState.QUEUED, TaskState.LEASED]
+    first = True
+    with open(log_path, "a", encoding="utf-8") as log:
+        while True:
+            leases = s.claim(WS, RECEIVER, owner, limit=2, lease_seconds=ttl)
+            if not leases:
+                if not s.list_tasks(WS, states=open_states, limit=1):
+                    break
+                s.sweep()
+                time.sleep(0.005)
+                continue
+            for lease in leases:
+                # worker 0's first run always stalls until taken over, so fencing is
+                # surely exercised; after that ~10 % stall, half of them until takeover
+                forced, first = seed_value == 0 and first, False
+                stalled = forced or rng.random() < 0.1
+                if stalled:
+                    wait_db_clock_past(s, lease.expires_at)
+                    # bounded by tries, not time: others may be stalled too
+                    for _ in range(4000 if forced else 400 if rng.random() < 0.5 else 0):
+                        cur = s.get_task(WS, lease.task.id)
+                        if cur is None or cur.lease_epoch != lease.epoch:
+                            break
+                        time.sleep(0.005)
+                body = json.dumps({"owner": owner, "epoch": lease.epoch})
+                out = s.complete(lease.task.id, lease.epoch, body)
+                kind = "stalled" if stalled else "prompt"
+                log.write(json.dumps([lease.task.id, lease.epoch, kind, out.value]) + "\n")
+    s.close()

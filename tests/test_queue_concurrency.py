@@ -166,3 +166,46 @@ def test_threads_share_one_store(db_url: str) -> None:
     assert len(wins) == len(set(wins)) == n
     assert len(s.list_tasks(WS, states=[TaskState.SUCCEEDED], limit=n + 1)) == n
     s.close()
+
+
+def test_zombie_reports_after_real_expiry(db_url: str, tmp_path: Path) -> None:
+    """Real short leases on the database clock: receivers that stall past theirs and
+    report late either still hold the task (nobody took it: their report lands) or are
+    fenced out (``lease-lost``). Never two recorded successes; the recorded result is the
+    one whose report was answered ``ok``; attempts stay bounded."""
+    from storekit import zombie_worker
+
+    s = open_store(db_url)
+    seed(s)
+    n = 80
+    s.enqueue_many([new_task(max_attempts=4) for _ in range(n)])
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=zombie_worker, args=(db_url, f"z{p}", str(tmp_path / f"z{p}"), p, 0.25))
+        for p in range(4)
+    ]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(timeout=600)
+        assert pr.exitcode == 0
+    reports: dict[str, list[list[Any]]] = defaultdict(list)
+    for p in range(4):
+        for line in (tmp_path / f"z{p}").read_text().splitlines():
+            rec = json.loads(line)
+            reports[rec[0]].append(rec)
+    tasks = s.list_tasks(WS, limit=n + 1)
+    assert len(tasks) == n
+    fenced = 0
+    for t in tasks:
+        oks = [r for r in reports[t.id] if r[3] == Outcome.OK.value]
+        fenced += sum(r[3] == Outcome.LEASE_LOST.value for r in reports[t.id])
+        assert t.attempt <= t.max_attempts
+        if t.state is TaskState.SUCCEEDED:
+            assert len(oks) == 1
+            assert json.loads(t.result or "{}")["epoch"] == oks[0][1] == t.lease_epoch
+        else:
+            assert t.state is TaskState.FAILED and oks == []
+    # ~10 % of runs stall; half of those wait until another receiver took the task over
+    assert fenced > 0
+    s.close()
