@@ -1214,3 +1214,32 @@ def test_lua_against_a_live_session(flavour: str, live_env: dict[str, str]) -> N
     with pytest.raises(LuaError) as exc:  # beta's harness is gone, and so is its name
         lua.run("local m, b = ...; m.connect(b)", beta.id)
     assert f"cannot reach {beta.id}" in lua_error(exc.value)
+
+
+def test_the_walls_of_a_live_session_reach_lua_as_errors(live_env: dict[str, str]) -> None:
+    """A forked sub is private to its instance: its parent reaches it, another main does not."""
+    alpha, beta = LiveServe(live_env), LiveServe(live_env)
+    child = None
+    try:
+        forked = subprocess.run(
+            [sys.executable, "-m", "melchior.cli", "fork"],
+            env=dict(live_env, MAGI_MELCHIOR_ID=alpha.id),
+            capture_output=True,
+            check=True,
+        )
+        child = LiveServe(dict(live_env, **json.loads(forked.stdout)["environment"]))
+        as_alpha = Lua("lua54", settings={"at": alpha.at})
+        receipt = as_alpha.run("local m, c = ...; return m.connect(c).tell('hi')", child.id)
+        assert as_alpha.to_py(receipt)["receipt"] in ("delivered", "queued")
+        assert child.event()["text"] == "hi"
+
+        as_beta = Lua("lua54", settings={"at": beta.at})
+        ok, err = as_beta.run("local m, c = ...; return pcall(m.connect(c).tell, 'hi')", child.id)
+        assert ok is False
+        assert err.decode().startswith(f"melchior: {child.id} refused tell: ")
+        assert alpha.id in err.decode()  # the reason names the front door to go through
+        assert err.decode().endswith("[refused]")
+    finally:
+        for s in (child, beta, alpha):
+            if s is not None:
+                s.close()

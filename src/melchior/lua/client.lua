@@ -715,8 +715,10 @@ function M.connect(id, opts)
           broken("closed the connection before replying")
         end
         broken("closed the connection inside a frame (%d of %d bytes)", got, n)
-      elseif type(chunk) ~= "string" or #chunk > n - got then
-        broken("host stream read(%d) returned %s", n - got, type(chunk))
+      elseif type(chunk) ~= "string" then
+        broken("host stream read(%d) returned a %s, not a string", n - got, type(chunk))
+      elseif #chunk > n - got then
+        broken("host stream read(%d) returned %d bytes, more than asked", n - got, #chunk)
       end
       parts[#parts + 1] = chunk
       got = got + #chunk
