@@ -893,6 +893,36 @@ def test_json_round_trip_property_doubles_only(value: Any) -> None:
     assert again == value
 
 
+@pytest.fixture(scope="module")
+def echo_session() -> Iterator[SessionServer]:
+    d = Path(tempfile.mkdtemp(prefix="ml-", dir="/tmp"))
+    server = SessionServer(d / "beta-nu")
+    yield server
+    server.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    value=_json_values(2**63),
+    chunk=st.integers(min_value=1, max_value=64),
+    partial=st.integers(min_value=1, max_value=64),
+)
+def test_values_cross_the_socket_whatever_the_host_reads_and_writes_at_once(
+    echo_session: SessionServer, value: Any, chunk: int, partial: int
+) -> None:
+    """The host may hand back any number of bytes per read and send any prefix per write."""
+    lua = Lua("lua54", chunk=chunk, partial=partial)
+    text = json.dumps([value], ensure_ascii=False)
+    back = lua.run(
+        "local m, path, text = ...; local t = m.connect(path)"
+        "; local r = m.array({t.call('echo', m.decode(text)[1])}); t:close(); return r",
+        str(echo_session.path),
+        text,
+    )
+    assert _same(lua.to_py(back), [value])
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
