@@ -395,7 +395,7 @@ def test_emitted_lua_uses_no_other_tag_key() -> None:
     assert not re.findall(rf"(?<![\w.])(?:{keys})\b\s*=(?!=)", text)
     assert not re.findall(rf'\[\s*"(?:{keys})"\s*\]', text)
     assert not re.findall(rf"(?<!math)\.(?:{keys})\b", text)
-    assert "reply.event" in text  # the one tag it reads
+    assert "msg.event" in text  # the one tag it reads
 
 
 # -- the seed's usage, over a real socket, on every Lua -------------------------------------
@@ -636,6 +636,27 @@ def test_malformed_replies_are_errors(regdir: Path, reply: JSONObject, message: 
         with pytest.raises(LuaError) as exc:
             lua.run("local m = ...; m.connect('beta-nu').status()")
         assert message in lua_error(exc.value)
+    finally:
+        server.close()
+
+
+def test_after_a_malformed_reply_the_next_call_starts_afresh(regdir: Path) -> None:
+    replies = iter(
+        [
+            frame({"ok": True, "family": 2, "n": 0, "result": []}),  # refused by the client
+            frame({"ok": True, "family": 1, "n": 1, "result": ["fresh"]}),
+        ]
+    )
+    server = ScriptedServer(regdir / "beta-nu", lambda body: next(replies))
+    try:
+        lua = lua_for("lua54", regdir)
+        ok, err, fresh = lua.run(
+            "local m = ...; local t = m.connect('beta-nu'); local ok, err = pcall(t.status)"
+            "; return ok, err, t.status()"
+        )
+        assert ok is False and b"family 2" in err
+        assert fresh == b"fresh"
+        assert len(lua.streams) == 2 and lua.streams[0].closed
     finally:
         server.close()
 

@@ -695,6 +695,9 @@ function M.connect(id, opts)
       elseif sent == nil then
         broken("write failed: %s", describe(err))
       elseif type(sent) == "number" and sent < #rest then
+        if sent < 1 then
+          broken("host stream write made no progress (returned %s)", tostring(sent))
+        end
         rest = sub(rest, sent + 1)
       else
         rest = ""
@@ -801,17 +804,25 @@ function M.connect(id, opts)
       fail("the call to %s is %d bytes, over the %d-byte frame limit", verb, #body, limit)
     end
     send(header(#body) .. body)
-    while true do
-      local reply = recv()
-      if reply.event ~= nil then
-        if on_event then
-          on_event(reply)
+    -- Anything but a well-formed reply leaves the stream at an unknown point (a reply
+    -- may still be on its way), so the connection is dropped and the next call
+    -- starts on a fresh one rather than reading an answer meant for this one.
+    local ok, reply = pcall(function()
+      while true do
+        local msg = recv()
+        if msg.event == nil then
+          check_reply(msg, verb, sent_id)
+          return msg
+        elseif on_event then
+          on_event(msg)
         end
-      else
-        check_reply(reply, verb, sent_id)
-        return reply
       end
+    end)
+    if not ok then
+      drop()
+      error(reply, 0)
     end
+    return reply
   end
 
   local function call(verb, ...)
