@@ -54,6 +54,7 @@ class Server:
         self.store = open_store(db_url, publish=self.notifier.publish)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK stalls
         sock.bind(("127.0.0.1", 0))
         sock.listen(512)
         self.sock = sock

@@ -1,0 +1,368 @@
+"""A2A through mellan vs the a2a-sdk reference server, same machine, same database engine.
+
+Two numbers, each measured on both servers in the same run and printed with their ratio:
+
+* **SendMessage accepted/s** — JSON-RPC ``SendMessage`` with
+  ``configuration.returnImmediately``, ``CONCURRENCY`` clients, ``SENDS`` requests. On
+  mellan a request is authenticated, grant-checked, audited and persisted as a queued
+  task (no receiver is running: the work stays queued, as for an offline destination).
+  On the reference (``DefaultRequestHandler`` + ``DatabaseTaskStore``) the executor
+  emits the submitted Task, which the handler persists.
+* **stream event latency** — ``SendStreamingMessage``; the producer emits ``EVENTS``
+  status updates carrying ``time.time_ns()`` at emission and the streaming client
+  records arrival. On mellan the producer is a receiver on the receiver API (claim, then
+  ``progress`` over HTTP; the stream reads stored events); on the reference it is the
+  in-process executor (its event queue).
+
+Each server runs in its own process (this script with ``--serve``), each on a fresh
+database of the same engine: PostgreSQL (``$MELCHIOR_TEST_PG``) and SQLite, in turn
+(``BENCH_ENGINES=postgres,sqlite``). Run ``.venv/bin/python bench/a2a_send.py``; the
+reference needs ``a2a-sdk[http-server,sqlite]`` (SQLAlchemy; psycopg for PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SENDS = int(os.environ.get("BENCH_SENDS", "1000"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))
+STREAMS = int(os.environ.get("BENCH_STREAMS", "20"))
+EVENTS = int(os.environ.get("BENCH_EVENTS", "10"))
+GAP = 0.1  # seconds between produced events: slower than either server handles one, so
+# the latency measured is one event's trip, not a queue building up behind a fast producer
+
+WS, CALLER, RECEIVER, CAP = "bench", "bench/caller", "bench/receiver", "bench.run"
+
+
+# -- servers (child processes) -------------------------------------------------------------
+
+
+def listener() -> Any:
+    """A loopback listening socket with TCP_NODELAY (inherited by accepted connections on
+    Linux): without it a response written in two parts waits out the peer's delayed ACK,
+    which on this host adds ~40 ms to every request of *either* server."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def serve_mellan(db: str, info: Path) -> None:
+
+    import uvicorn
+
+    from melchior.mellan.app import create_app
+    from melchior.mellan.auth import hash_token, new_token
+    from melchior.mellan.notify import LocalNotifier
+    from melchior.mellan.relay import Relay
+    from melchior.mellan.store import open_store
+    from melchior.mellan.store.base import Capability, CredentialKind
+
+    notifier = LocalNotifier()
+    store = open_store(db, publish=notifier.publish)
+    store.ensure_workspace(WS)
+    store.add_agent(WS, CALLER, "bench caller", [])
+    store.add_agent(WS, RECEIVER, "bench receiver", [Capability(CAP, "run")])
+    store.add_grant(WS, CALLER, RECEIVER, [CAP])
+    tokens = {}
+    for who, subject in (("caller", CALLER), ("receiver", RECEIVER)):
+        tokens[who] = new_token()
+        store.add_credential(WS, CredentialKind.AGENT, subject, hash_token(tokens[who]))
+    sock = listener()
+    sock.listen(2048)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    relay = Relay(store=store, notifier=notifier, public_url=url)
+    info.write_text(json.dumps({"url": url, "rpc": f"{url}/a2a/{WS}/{RECEIVER}", **tokens}))
+    server = uvicorn.Server(uvicorn.Config(create_app(relay), log_level="warning"))
+    server.run(sockets=[sock])
+
+
+def serve_reference(db: str, info: Path) -> None:
+
+    import uvicorn
+    from a2a.server.agent_execution import AgentExecutor, RequestContext
+    from a2a.server.events import EventQueue
+    from a2a.server.request_handlers import DefaultRequestHandler
+    from a2a.server.routes import create_jsonrpc_routes
+    from a2a.server.tasks import DatabaseTaskStore, TaskUpdater
+    from a2a.types import (
+        AgentCapabilities,
+        AgentCard,
+        AgentInterface,
+        Message,
+        Part,
+        Role,
+        Task,
+        TaskState,
+        TaskStatus,
+    )
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from starlette.applications import Starlette
+
+    class Executor(AgentExecutor):
+        async def execute(self, ctx: RequestContext, q: EventQueue) -> None:
+            task = Task(
+                id=ctx.task_id,
+                context_id=ctx.context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[ctx.message],
+            )
+            await q.enqueue_event(task)
+            if ctx.get_user_input() != "stream":
+                return
+            up = TaskUpdater(q, ctx.task_id, ctx.context_id)
+            for _ in range(EVENTS):
+                await asyncio.sleep(GAP)
+                stamp = Message(
+                    role=Role.ROLE_AGENT,
+                    message_id=uuid.uuid4().hex,
+                    parts=[Part(text=str(time.time_ns()))],
+                )
+                await up.update_status(TaskState.TASK_STATE_WORKING, message=stamp)
+            await up.complete()
+
+        async def cancel(self, ctx: RequestContext, q: EventQueue) -> None:
+            await TaskUpdater(q, ctx.task_id, ctx.context_id).cancel()
+
+    sock = listener()
+    sock.listen(2048)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    card = AgentCard(
+        name="reference",
+        description="a2a-sdk reference server",
+        version="1",
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        supported_interfaces=[
+            AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url + "/")
+        ],
+    )
+    if db.startswith("postgresql://"):
+        engine = create_async_engine(db.replace("postgresql://", "postgresql+psycopg://", 1))
+    else:  # the same busy timeout mellan's SQLite store uses, or it fails under load
+        path = db.removeprefix("sqlite://")
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30})
+    store = DatabaseTaskStore(engine)
+    handler = DefaultRequestHandler(agent_executor=Executor(), task_store=store, agent_card=card)
+    app = Starlette(routes=create_jsonrpc_routes(handler, rpc_url="/"))
+    asyncio.run(store.initialize())
+    info.write_text(json.dumps({"url": url, "rpc": url + "/", "caller": "", "receiver": ""}))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=[sock])
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+def start(kind: str, db: str, tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    info = tmp / f"{kind}.json"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind, "--db", db, "--info", str(info)]
+    )
+    deadline = time.monotonic() + 60
+    while not info.exists() or not info.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{kind} server did not start")
+        time.sleep(0.05)
+    data: dict[str, str] = json.loads(info.read_text())
+    for _ in range(200):
+        try:
+            httpx.get(data["url"] + "/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return proc, data
+
+
+def headers(token: str) -> dict[str, str]:
+    h = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return h
+
+
+def rpc(method: str, text: str, config: dict[str, Any] | None = None) -> bytes:
+    params: dict[str, Any] = {
+        "message": {
+            "messageId": uuid.uuid4().hex,
+            "role": "ROLE_USER",
+            "parts": [{"text": text}],
+        }
+    }
+    if config:
+        params["configuration"] = config
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+
+
+async def accepted_per_second(info: dict[str, str]) -> float:
+    h = headers(info["caller"])
+    limits = httpx.Limits(max_connections=CONCURRENCY)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        for _ in range(20):  # warm-up
+            r = await client.post(
+                info["rpc"],
+                content=rpc("SendMessage", "warm", {"returnImmediately": True}),
+                headers=h,
+            )
+            assert "result" in r.json(), r.text
+        remaining = SENDS
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                body = rpc("SendMessage", "work", {"returnImmediately": True})
+                r = await client.post(info["rpc"], content=body, headers=h)
+                if "result" not in r.json():
+                    raise SystemExit(f"send failed: {r.text}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        return SENDS / (time.perf_counter() - t0)
+
+
+def mellan_producer(info: dict[str, str], stop: threading.Event) -> None:
+    """The receiver side for mellan's stream latency: stamp each event as it is sent."""
+    from melchior.mellan.receiver_client import ReceiverClient
+
+    with ReceiverClient(info["url"], info["receiver"]) as rc:
+        while not stop.is_set():
+            for lease in rc.claim(wait=0.5, limit=10):
+                if (lease.payload or {}).get("parts", [{}])[0].get("text") != "stream":
+                    rc.complete(lease.task_id, lease.epoch, {})
+                    continue
+                for _ in range(EVENTS):
+                    time.sleep(GAP)
+                    stamp = {"message": {"parts": [{"text": str(time.time_ns())}]}}
+                    rc.progress(lease.task_id, lease.epoch, "status", stamp)
+                rc.complete(lease.task_id, lease.epoch, {})
+
+
+async def stream_latencies(info: dict[str, str]) -> list[float]:
+    out: list[float] = []
+    async with httpx.AsyncClient(timeout=120) as client:
+        for _ in range(STREAMS):
+            body = rpc("SendStreamingMessage", "stream")
+            async with client.stream(
+                "POST", info["rpc"], content=body, headers=headers(info["caller"])
+            ) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    arrived = time.time_ns()
+                    ev = json.loads(line[5:])["result"]
+                    upd = ev.get("statusUpdate")
+                    msg = (upd or {}).get("status", {}).get("message")
+                    if upd and msg and msg["parts"][0]["text"].isdigit():
+                        out.append((arrived - int(msg["parts"][0]["text"])) / 1e6)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def databases(engine: str, tmp: Path) -> Iterator[dict[str, str]]:
+    """One fresh database per server, of the same engine."""
+    if engine == "sqlite":
+        yield {k: f"sqlite://{tmp / k}.db" for k in ("mellan", "reference")}
+        return
+    import psycopg
+
+    names = {k: f"bench_{k}_{uuid.uuid4().hex[:8]}" for k in ("mellan", "reference")}
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        for name in names.values():
+            admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield {k: f"{base}/{name}" for k, name in names.items()}
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_engine(engine: str) -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as d, databases(engine, Path(d)) as dbs:
+        tmp = Path(d)
+        for kind in ("mellan", "reference"):
+            proc, info = start(kind, dbs[kind], tmp)
+            stop = threading.Event()
+            producer = None
+            try:
+                rate = asyncio.run(accepted_per_second(info))
+                if kind == "mellan":
+                    producer = threading.Thread(target=mellan_producer, args=(info, stop))
+                    producer.start()
+                lat = asyncio.run(stream_latencies(info))
+            finally:
+                stop.set()
+                if producer is not None:
+                    producer.join()
+                proc.terminate()
+                proc.wait()
+            if len(lat) < STREAMS * EVENTS * 0.9:
+                raise SystemExit(f"{kind}: only {len(lat)} of {STREAMS * EVENTS} events measured")
+            results[kind] = {"rate": rate, "p50": pct(lat, 50), "p95": pct(lat, 95), "n": len(lat)}
+    return results
+
+
+def main() -> int:
+    engines = os.environ.get("BENCH_ENGINES", "postgres,sqlite").split(",")
+    for engine in engines:
+        try:
+            results = run_engine(engine)
+        except Exception as exc:  # e.g. PostgreSQL not running: say so, measure the rest
+            print(f"[{engine}] skipped: {exc}")
+            continue
+        report(engine, results)
+    return 0
+
+
+def report(engine: str, results: dict[str, dict[str, float]]) -> None:
+    m, r = results["mellan"], results["reference"]
+    print(f"[{engine}] A2A SendMessage (returnImmediately), {SENDS} sends, {CONCURRENCY} clients")
+    print(f"  mellan     {m['rate']:8.0f} accepted/s")
+    ratio = m["rate"] / r["rate"]
+    print(f"  reference  {r['rate']:8.0f} accepted/s   ratio mellan/reference {ratio:.2f}")
+    print(f"stream event latency, {STREAMS} streams x {EVENTS} events (ms)")
+    for k in ("p50", "p95"):
+        print(f"  {k}: mellan {m[k]:7.2f}  reference {r[k]:7.2f}  ratio {m[k] / r[k]:.2f}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", choices=["mellan", "reference"])
+    ap.add_argument("--db")
+    ap.add_argument("--info", type=Path)
+    ns = ap.parse_args()
+    if ns.serve == "mellan":
+        serve_mellan(ns.db, ns.info)
+    elif ns.serve == "reference":
+        serve_reference(ns.db, ns.info)
+    else:
+        sys.exit(main())
