@@ -1294,3 +1294,23 @@ def test_the_walls_of_a_live_session_reach_lua_as_errors(live_env: dict[str, str
         for s in (child, beta, alpha):
             if s is not None:
                 s.close()
+
+
+LUA_VERBS = {"status": [], "tell": ["text", "sort?"], "ask": ["text"], "answer": ["about", "text"]}
+LUA_VERBS.update(task=["about"], verbs=[])
+"""The handle's named functions and the arguments each sends, in order."""
+
+
+def test_the_named_functions_match_what_melchior_verbs_lists() -> None:
+    """Contract drift shows here first: `melchior verbs` is what a session answers."""
+    if importlib.util.find_spec("melchior.commands.verbs") is None:
+        pytest.skip("melchior verbs is not in this tree yet")
+    done = subprocess.run(
+        [sys.executable, "-m", "melchior.cli", "verbs"], capture_output=True, check=True
+    )
+    listed = {v["name"]: v["args"] for v in json.loads(done.stdout)["result"]}
+    for name, args in LUA_VERBS.items():
+        assert listed.get(name) == args, (name, listed.get(name))
+    src = CLIENT.decode()
+    for name in LUA_VERBS:
+        assert f"them.{name} = method(" in src
