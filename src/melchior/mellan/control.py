@@ -50,6 +50,7 @@ from melchior.mellan.web import (
     read_object,
     record,
     require_owner,
+    store_unavailable,
     task_view,
 )
 
@@ -319,9 +320,25 @@ async def join(request: Request) -> Response:
         )
     workspace, agent_id = redeemed
     token = new_token()
-    credential_id = await relay.call(
-        relay.store.add_credential, workspace, CredentialKind.AGENT, agent_id, hash_token(token)
-    )
+    try:
+        credential_id = await relay.call(
+            relay.store.add_credential,
+            workspace,
+            CredentialKind.AGENT,
+            agent_id,
+            hash_token(token),
+        )
+    except Exception as exc:
+        if not store_unavailable(exc):
+            raise
+        # Redeeming and issuing are two store transactions; say exactly what happened.
+        raise ApiError(
+            503,
+            "database-unavailable",
+            "the relay lost its database between accepting the code and issuing the "
+            "credential: the code is used up and no credential exists; ask the owner for a "
+            "new code",
+        ) from exc
     await record(
         relay, workspace, f"agent:{agent_id}", "enrollment.redeem", agent_id, True, "code",
         f"{agent_id} joined with a one-time code; credential {credential_id} issued",
