@@ -156,3 +156,20 @@ def test_fork_needs_a_live_parent_and_records_the_role(harness: Harness) -> None
     front = root.spawn("main")
     assert front.tool("--verb=status").one["role"] == "main"
     assert (harness.registry / f"{front.id}.role").read_text().strip() == "main"
+
+
+def test_closing_the_pipe_with_a_client_connected_exits_quietly(harness: Harness) -> None:
+    import socket
+
+    root = harness.start()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(root.at))
+    try:
+        assert root.proc.stdin is not None
+        root.proc.stdin.close()
+        assert root.proc.wait(timeout=WAIT) == 0
+        assert root.proc.stderr is not None
+        assert root.proc.stderr.read() == b""
+        assert not root.at.exists()
+    finally:
+        client.close()
