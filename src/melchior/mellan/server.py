@@ -11,6 +11,7 @@ the first file was lost); revoke old ones with ``mellan credential revoke``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -122,6 +123,15 @@ def bootstrap(
     return True
 
 
+def ipaddress_is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def make_notifier(database: str | None) -> Notifier:
     """LISTEN/NOTIFY between replicas on PostgreSQL; an in-process hub on SQLite."""
     if is_postgres(database):
@@ -217,6 +227,11 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         )
         server = _Server(config, relay)
         say(f"listening on {url}" + (f" (public URL {public})" if public != url else ""))
+        if not ipaddress_is_loopback(options.host) and not public.startswith("https://"):
+            say(
+                f"warning: {options.host} is reachable from other machines over plain HTTP; "
+                "put a TLS-terminating proxy in front and pass its https URL as --public-url"
+            )
         say("ready; Ctrl-C or SIGTERM stops it gracefully")
         server.run(sockets=[sock])
         say("stopped")
