@@ -233,6 +233,7 @@ def test_open_store_paths(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> 
         s.close()
     d = base / "xdg" / "mellan"
     assert (d / "relay.db").exists() and (d.stat().st_mode & 0o777) == 0o700
+    assert ((d / "relay.db").stat().st_mode & 0o777) == 0o600
     s2 = open_store(str(base / "bare.db"))
     s2.close()
     assert (base / "bare.db").exists()

@@ -28,8 +28,8 @@ def open_store(
     """Open the store a database URL names and apply pending migrations.
 
     ``None`` → SQLite at :func:`default_sqlite_path`; ``sqlite:///path`` or a bare path →
-    SQLite there; ``postgresql://…`` (or ``postgres://…``) → PostgreSQL. The directory of
-    a SQLite file is created private (0700): it holds credential hashes and task payloads.
+    SQLite there; ``postgresql://…`` (or ``postgres://…``) → PostgreSQL. A new SQLite file
+    is created 0600 and a missing directory 0700: they hold credential hashes and payloads.
     """
     store: Store
     if url is not None and url.startswith(("postgresql://", "postgres://")):
@@ -52,6 +52,8 @@ def open_store(
             path = Path(url)
         if not path.parent.exists():
             path.parent.mkdir(parents=True, mode=0o700)
+        if not path.exists():  # owner-only from the first byte; SQLite's -wal/-shm follow it
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
         store = SQLiteStore(path, publish=publish)
     if migrate:
         try:
