@@ -15,9 +15,10 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from melchior.mellan.a2a import hops, jsontext, views
+from melchior.mellan.a2a import batch, hops, jsontext, views
 from melchior.mellan.a2a.access import Caller
 from melchior.mellan.a2a.errors import (
     Forbidden,
@@ -91,8 +92,8 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
     raise Forbidden(reason)
 
 
-def accept(store: Store, caller: Caller, req: SendRequest) -> Task:
-    """Decide and persist one send (one worker-thread call: every read and the write)."""
+def decide(store: Store, caller: Caller, req: SendRequest) -> Accepted:
+    """Authorize one send (a worker-thread call: every read, and the audit of a refusal)."""
     p, target = caller.principal, caller.target
     detail: dict[str, Any] = {"messageId": req.message.get("messageId")}
     capability = _capability_from(req)
@@ -163,40 +164,55 @@ def accept(store: Store, caller: Caller, req: SendRequest) -> Task:
         _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
     context_id = context_id or uuid.uuid4().hex
-    message_id = req.message["messageId"]
-    task, created = store.enqueue(
-        NewTask(
-            workspace=target.workspace,
-            caller=p.subject,
-            receiver=target.agent,
-            capability=capability,
-            payload=jsontext.dumps(req.message),
-            metadata=jsontext.dumps(req.metadata),
-            context_id=context_id,
-            message_id=message_id,
-            session_key=f"a2a-context:{context_id}",
-            chain=chain.chain,
-            hop=chain.hop,
-            path=chain.path,
-        )
+    new = NewTask(
+        workspace=target.workspace,
+        caller=p.subject,
+        receiver=target.agent,
+        capability=capability,
+        payload=jsontext.dumps(req.message),
+        metadata=jsontext.dumps(req.metadata),
+        context_id=context_id,
+        message_id=req.message["messageId"],
+        session_key=f"a2a-context:{context_id}",
+        chain=chain.chain,
+        hop=chain.hop,
+        path=chain.path,
     )
-    if not created and (task.receiver != target.agent or not caller.can_see(task)):
+    audit = (decision.rule, decision.reason, {**detail, "capability": capability, "hop": chain.hop})
+    return Accepted(new, *audit)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A send the policy allowed: the task to store and the decision to record."""
+
+    task: NewTask
+    rule: str
+    reason: str
+    detail: dict[str, Any]
+
+
+def record(store: Store, caller: Caller, accepted: Accepted, task: Task, created: bool) -> Task:
+    """After the (batched) enqueue: refuse a reused messageId, audit a new acceptance."""
+    if not created and (task.receiver != caller.target.agent or not caller.can_see(task)):
         raise InvalidParams(
-            f"messageId {message_id!r} was already used for another task",
+            f"messageId {accepted.task.message_id!r} was already used for another task",
             violations=[("message.messageId", "already used")],
         )
     if created:
         store.audit(
-            target.workspace,
-            caller.actor,
-            "task.accept",
-            task.id,
-            True,
-            decision.rule,
-            decision.reason,
-            {**detail, "capability": capability, "hop": chain.hop},
-        )
+            task.workspace, caller.actor, "task.accept", task.id, True, accepted.rule,
+            accepted.reason, accepted.detail,
+        )  # fmt: skip
     return task
+
+
+async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
+    """The whole door: decide (refusals audited, nothing stored), store (group-committed
+    with concurrent accepts), record the acceptance."""
+    accepted = await relay.call(decide, relay.store, caller, req)
+    task, created = await batch.batcher(relay).enqueue(accepted.task)
+    return await relay.call(record, relay.store, caller, accepted, task, created)
 
 
 def _read(
@@ -221,7 +237,7 @@ async def send_blocking(
     req: SendRequest,
     disconnected: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    task = await relay.call(accept, relay.store, caller, req)
+    task = await accept(relay, caller, req)
     if req.return_immediately:
         return views.task_view(task, history_length=req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
@@ -291,7 +307,7 @@ async def send_streaming(
     relay: Relay, caller: Caller, req: SendRequest
 ) -> AsyncIterator[dict[str, Any]]:
     """Accept first (errors surface before the stream opens), then follow the task."""
-    task = await relay.call(accept, relay.store, caller, req)
+    task = await accept(relay, caller, req)
     return follow(relay, task, history_length=req.history_length)
 
 
