@@ -219,6 +219,16 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
         Outcome.NOT_FOUND,
     ]
     assert store.complete_many([]) == []
+    first = store.get_task(WS, leases[0].task.id)
+    assert first is not None and first.result == '{"i": 0}'  # the first report wins
+    # a stale item before the right one for the same task does not hide it
+    t5, _ = store.enqueue(new_task())
+    [l5] = store.claim(WS, RECEIVER, "a")
+    assert store.complete_many(
+        [(t5.id, l5.epoch - 1, '{"stale": 1}'), (t5.id, l5.epoch, '{"ok": 1}')]
+    ) == [Outcome.LEASE_LOST, Outcome.OK]
+    got5 = store.get_task(WS, t5.id)
+    assert got5 is not None and got5.result == '{"ok": 1}'
 
 
 # -- rule 6: cancel revokes the lease ---------------------------------------------------------

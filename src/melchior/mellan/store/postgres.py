@@ -720,24 +720,30 @@ class PostgresStore:
     def _complete_rows(
         self, tx: _Tx, items: Sequence[tuple[str, int, str]], state: str
     ) -> list[Outcome]:
-        """One UPDATE for the whole batch (unnest), then explain the misses one by one."""
+        """One UPDATE for the whole batch, answering exactly as the items would be one by one:
+        per task the first item whose epoch holds the lease wins; the rest are explained
+        (duplicate, lease lost) afterwards."""
         rows = tx.all(
-            "UPDATE task t SET state = %s, result = v.res, lease_owner = NULL,"
+            "WITH v AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[])"
+            "   WITH ORDINALITY AS v(id, ep, res, n)),"
+            " pick AS (SELECT DISTINCT ON (v.id) v.id, v.ep, v.res, v.n FROM v"
+            "   JOIN task c ON c.id = v.id AND c.lease_epoch = v.ep AND c.state = 'leased'"
+            "   ORDER BY v.id, v.n)"
+            " UPDATE task t SET state = %s, result = pick.res, lease_owner = NULL,"
             " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
-            " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS v(id, ep, res)"
-            " WHERE t.id = v.id AND t.lease_epoch = v.ep AND t.state = 'leased'"
-            " RETURNING t.id, t.workspace, t.receiver, t.session_key",
+            " FROM pick WHERE t.id = pick.id AND t.lease_epoch = pick.ep AND t.state = 'leased'"
+            " RETURNING t.id, t.workspace, t.receiver, t.session_key, pick.n",
             (
-                state,
                 [i[0] for i in items],
                 [i[1] for i in items],
                 [i[2] for i in items],
+                state,
             ),
         )
-        won = {r["id"]: r for r in rows}
+        winner = {int(r["n"]) - 1: r for r in rows}
         outcomes: list[Outcome] = []
-        for tid, ep, _ in items:
-            r = won.pop(tid, None)
+        for k, (tid, ep, _) in enumerate(items):
+            r = winner.get(k)
             if r is None:
                 outcomes.append(self._why_not(tx, tid, ep, ("succeeded", "input_required")))
                 continue
