@@ -229,3 +229,14 @@ def test_tasks_are_invisible_to_everyone_but_caller_and_owner(relay: tuple[Serve
     assert tid in {t["id"] for t in owned["tasks"]}
     cancel = httpx.post(f"{base}/tasks/{tid}:cancel", headers=headers(tok["caller"]), timeout=30)
     assert cancel.json()["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+def test_several_grants_need_a_named_capability(tmp_path: Any) -> None:
+    with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
+        server.store.add_grant(WS, CALLER, RECEIVER, [CAPS[1]])
+        resp = send(server, world.tokens["caller"])
+        assert resp.status_code == 400
+        assert "name one in metadata.capability" in resp.json()["error"]["message"]
+        assert last_refusal(server, WS).rule == "ambiguous"
+        ok = send(server, world.tokens["caller"], capability=CAPS[1])
+        assert ok.json()["task"]["metadata"]["capability"] == CAPS[1]

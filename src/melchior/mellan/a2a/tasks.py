@@ -87,6 +87,8 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
             )  # fmt: skip
     if rule in REFUSED_QUIETLY:
         raise Forbidden(NOT_GRANTED)
+    if rule == "ambiguous":  # the caller holds several grants here: it may know that
+        raise InvalidParams(reason, violations=[("metadata.capability", "name one")])
     if rule == "hop-limit":
         raise HopLimit(reason, metadata={k: str(v) for k, v in detail.items() if k in HOP_KEYS})
     raise Forbidden(reason)
