@@ -179,7 +179,7 @@ def test_help_and_version_everywhere(words: list[str], tmp_path: Path) -> None:
     cli = Cli(tmp_path)
     assert "usage: mellan" in cli(*words, "--help")
     assert cli(*words, "--version").strip().startswith("mellan ")
-    if words[-1] not in ("relay", "agent", "grant", "task", "credential"):
+    if words[-1] not in ("agent", "grant", "task", "credential"):
         assert "--json" in cli(*words, "--help")
 
 
@@ -189,3 +189,28 @@ def test_top_level_help_lists_commands(tmp_path: Path) -> None:
     for name in ("relay", "agent", "enroll", "join", "grant", "audit", "task", "login"):
         assert f"  {name}" in out
     assert "unknown command" in cli("frobnicate", code=2)
+
+
+def test_relay_status_as_json_lines(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    proc = subprocess.Popen(
+        [MELLAN, "relay", "--json", "--port", "0", "--database", f"sqlite://{tmp_path / 'r.db'}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli.env,
+    )
+    try:
+        assert proc.stdout is not None
+        events = []
+        while not events or events[-1]["event"] != "ready":
+            line = proc.stdout.readline()
+            assert line, events
+            events.append(json.loads(line))
+        by = {e["event"]: e for e in events}
+        token_file = Path(by["owner-credential"]["token_file"])
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert token_file.read_text().strip() not in json.dumps(events)
+        assert by["listening"]["url"].startswith("http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

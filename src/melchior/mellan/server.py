@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -50,6 +51,7 @@ class RelayOptions:
     owner_token_file: Path | None = None
     mint_owner_token: bool = False
     max_body: int = 16 * 1024 * 1024
+    json: bool = False
 
 
 def data_dir() -> Path:
@@ -95,7 +97,7 @@ def write_private(path: Path, text: str) -> None:
 
 
 def bootstrap(
-    store: Store, token_file: Path, url: str, *, force: bool, say: Callable[[str], None]
+    store: Store, token_file: Path, url: str, *, force: bool, say: Callable[..., None]
 ) -> bool:
     """Create workspace ``default`` and an owner credential on an empty database.
 
@@ -117,7 +119,10 @@ def bootstrap(
     prefix = f"created workspace {WORKSPACE!r}; " if created else ""
     say(
         f"{prefix}owner credential {credential_id} written to {token_file} "
-        "(mode 0600; the token is not shown again)"
+        "(mode 0600; the token is not shown again)",
+        "owner-credential",
+        credential_id=credential_id,
+        token_file=str(token_file),
     )
     say(f"  log in with: mellan login --relay {url} --token-file {token_file}")
     return True
@@ -186,16 +191,19 @@ class _Server(uvicorn.Server):
 def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     """Run one replica until SIGINT/SIGTERM; return an exit status."""
 
-    def say(line: str) -> None:
-        print(f"mellan relay: {line}", file=out, flush=True)
+    def say(line: str, event: str = "status", **fields: object) -> None:
+        if options.json:
+            print(json.dumps({"event": event, "message": line, **fields}), file=out, flush=True)
+        else:
+            print(f"mellan relay: {line}", file=out, flush=True)
 
     logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
-    say(f"version {__version__}")
-    say(f"database {redact(options.database)}")
+    say(f"version {__version__}", "version", version=__version__)
+    say(f"database {redact(options.database)}", "database", database=redact(options.database))
     try:
         sock = bind(options.host, options.port)
     except OSError as exc:
-        say(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}")
+        say(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}", "error")
         say("  is another relay running? choose another port with --port")
         return 1
     notifier = make_notifier(options.database)
@@ -203,7 +211,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         store = open_store(options.database, publish=notifier.publish)
     except Exception as exc:
         sock.close()
-        say(f"cannot open the database: {exc}")
+        say(f"cannot open the database: {exc}", "error")
         if is_postgres(options.database):
             say("  check the URL, that PostgreSQL is running, and that the role may connect")
         return 1
@@ -226,15 +234,25 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             proxy_headers=False,
         )
         server = _Server(config, relay)
-        say(f"listening on {url}" + (f" (public URL {public})" if public != url else ""))
+        if threading.current_thread() is threading.main_thread():
+            # From here on a signal means "stop gracefully", even before uvicorn installs
+            # its own handlers: a supervisor may stop us right after "ready".
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, server.handle_exit)
+        say(
+            f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
+            "listening",
+            url=url,
+            public_url=public,
+        )
         if not ipaddress_is_loopback(options.host) and not public.startswith("https://"):
             say(
                 f"warning: {options.host} is reachable from other machines over plain HTTP; "
                 "put a TLS-terminating proxy in front and pass its https URL as --public-url"
             )
-        say("ready; Ctrl-C or SIGTERM stops it gracefully")
+        say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
         server.run(sockets=[sock])
-        say("stopped")
+        say("stopped", "stopped")
         return 0
     finally:
         sock.close()

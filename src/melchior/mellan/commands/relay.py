@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mint another owner credential at start (e.g. the first token file was lost)",
     )
     parser.add_argument(
+        "--json", action="store_true", help="status lines as JSON objects, one per line"
+    )
+    parser.add_argument(
         "--max-body",
         type=int,
         default=16 * 1024 * 1024,
@@ -64,5 +67,6 @@ def run(ns: argparse.Namespace) -> int:
             owner_token_file=ns.owner_token_file,
             mint_owner_token=ns.mint_owner_token,
             max_body=ns.max_body,
+            json=ns.json,
         )
     )
