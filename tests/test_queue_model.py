@@ -128,6 +128,25 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert out is self._why_not(t, ep, ("succeeded", "input_required"))
 
+    @rule(picks=st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=4))
+    def complete_many(self, picks: list[tuple[int, bool]]) -> None:
+        if not self.tasks:
+            return
+        chosen = [(self.tasks[i % len(self.tasks)], stale) for i, stale in picks]
+        items = [
+            (t.id, t.epoch - 1 if stale else t.epoch, f'"{k}"')
+            for k, (t, stale) in enumerate(chosen)
+        ]
+        outs = self.s.complete_many(items)
+        want: list[Outcome] = []
+        for (t, _), (_, ep, _) in zip(chosen, items, strict=True):  # sequential semantics
+            if t.state == "leased" and t.epoch == ep:
+                want.append(Outcome.OK)
+                t.state, t.held, t.expired = "succeeded", False, False
+            else:
+                want.append(self._why_not(t, ep, ("succeeded", "input_required")))
+        assert outs == want
+
     @rule(i=st.integers(0, 3), stale=st.booleans(), retryable=st.booleans())
     def fail(self, i: int, stale: bool, retryable: bool) -> None:
         t = self._pick(i)
