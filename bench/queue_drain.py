@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: run_mellan_pg(n, 50, 2, created),
         ]
         if peers:
+            runs.append(lambda: run_pgqueuer(min(n, 2000), 1, created))
             runs.append(lambda: run_pgqueuer(n, 10, created))
             runs.append(lambda: run_procrastinate(args.procrastinate_tasks, 10, created))
         for run in runs:
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         by = {r.name: r.rate for r in results}
         best_pg = max(v for k, v in by.items() if k.startswith("mellan PG"))
         best_sqlite = max(v for k, v in by.items() if k.startswith("mellan SQLite"))
-        pgq = next((v for k, v in by.items() if k.startswith("pgqueuer")), float("nan"))
+        pgq = max((v for k, v in by.items() if k.startswith("pgqueuer")), default=float("nan"))
         pro = next((v for k, v in by.items() if k.startswith("procrastinate")), float("nan"))
         print(
             f"ratios: mellan PG / pgqueuer {best_pg / pgq:.2f}x,"
