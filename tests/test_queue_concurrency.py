@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing as mp
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Outcome, TaskState
+from melchior.mellan.store.base import Outcome, Store, TaskState
 from storekit import WS, db_url_fixture, new_task, queue_worker, seed  # noqa: F401
 
 
@@ -32,6 +34,7 @@ def drain(
     max_attempts: int = 3,
     sweep: bool = False,
     batches: tuple[int, ...] = (1, 9, 17),
+    cancels: int = 0,
 ) -> None:
     s = open_store(url)
     seed(s)
@@ -65,9 +68,15 @@ def drain(
         procs.append(ctx.Process(target=queue_worker, args=args))
     for pr in procs:
         pr.start()
+    cancelled_ok: set[str] = set()
+    canceller = threading.Thread(
+        target=cancel_some, args=(s, [t.id for t, _ in created], cancels, cancelled_ok)
+    )
+    canceller.start()
     for pr in procs:
         pr.join(timeout=600)
         assert pr.exitcode == 0, f"worker exited with {pr.exitcode}"
+    canceller.join()
 
     runs: dict[str, list[list[Any]]] = defaultdict(list)
     for p in range(n_procs):
@@ -87,15 +96,19 @@ def drain(
     for tid, t in tasks.items():
         recs = runs[tid]
         oks = [r for r in recs if r[4] == "complete" and r[5] == Outcome.OK.value]
-        assert t.state in (TaskState.SUCCEEDED, TaskState.FAILED), t
+        assert t.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED), t
         assert len(oks) == (1 if t.state is TaskState.SUCCEEDED else 0), (t, recs)
+        if tid in cancelled_ok:  # cancel won: nothing recorded a success after it
+            assert t.state is TaskState.CANCELLED and not oks
         executions = [r for r in recs if r[4] in ("complete", "fail", "abandon")]
         assert len(executions) == t.attempt <= t.max_attempts
         epochs = [r[1] for r in executions]
         assert len(set(epochs)) == len(epochs)  # one lease, one run
         assert all(r[5] == Outcome.DUPLICATE.value for r in recs if r[4] == "dup")
-        # a live lease never loses its report: nothing here outlived its TTL
-        assert all(r[5] == Outcome.OK.value for r in recs if r[4] in ("complete", "fail"))
+        # a live lease loses its report only to a cancel: nothing here outlived its TTL
+        lost = [r for r in recs if r[4] in ("complete", "fail") and r[5] != Outcome.OK.value]
+        assert all(r[5] == Outcome.LEASE_LOST.value for r in lost)
+        assert not lost or t.state is TaskState.CANCELLED, (t, recs)
 
     for key, ids in order.items():
         session_runs = sorted((r for tid in ids for r in runs[tid]), key=lambda r: r[2])
@@ -107,8 +120,27 @@ def drain(
     s.close()
 
 
+def cancel_some(s: Store, ids: list[str], count: int, won: set[str]) -> None:
+    """The caller side meanwhile: cancel ``count`` random tasks, queued or running."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(5000):  # start once the receivers are at work (bounded by tries)
+        if s.list_tasks(WS, states=[TaskState.LEASED, TaskState.SUCCEEDED], limit=1):
+            break
+        time.sleep(0.002)
+    late = ids[len(ids) * 2 // 3 :]  # likely still queued when we get to them
+    for _ in range(count):
+        running = s.list_tasks(WS, states=[TaskState.LEASED], limit=20)
+        tid = rng.choice(running).id if running and rng.random() < 0.6 else rng.choice(late)
+        _, out = s.cancel(WS, tid)
+        if out is Outcome.OK:
+            won.add(tid)
+        time.sleep(0.003)
+
+
 def test_processes_drain_queue(db_url: str, tmp_path: Path) -> None:
-    drain(db_url, tmp_path, n_tasks=1500, n_procs=4)
+    drain(db_url, tmp_path, n_tasks=1500, n_procs=4, cancels=60)
 
 
 @pytest.mark.slow
