@@ -68,6 +68,20 @@ class _Tx:
         return self.conn.execute(sql, params).fetchall()
 
 
+_GROUP_MAX = 64  # calls per group commit at most, so one group cannot grow forever
+
+
+@dataclass
+class _Group:
+    """One open group transaction on the writer connection."""
+
+    conn: sqlite3.Connection
+    members: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: sqlite3.Error | None = None  # COMMIT failed: nobody's work was written
+    poisoned: sqlite3.Error | None = None  # a member could not be undone alone
+
+
 def _unavailable(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:
@@ -85,6 +99,7 @@ class SQLiteStore:
         busy_timeout: float = 10.0,
         cancel_grace_seconds: float = 10.0,
         publish: Callable[[str], None] | None = None,
+        group_commit: bool = True,
     ) -> None:
         self.path = str(path)
         self.busy_timeout = busy_timeout
@@ -94,6 +109,14 @@ class SQLiteStore:
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        # group commit (see _write_grouped)
+        self.group_commit = group_commit
+        self._wmutex = threading.Lock()
+        self._wcount = threading.Lock()
+        self._waiting = 0
+        self._group: _Group | None = None
+        self._wconn: sqlite3.Connection | None = None
+        self.commits = 0  # write transactions committed by this object (for benches)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
@@ -141,13 +164,107 @@ class SQLiteStore:
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
-        """One ``BEGIN IMMEDIATE`` transaction; wake-ups are published only after COMMIT."""
+        """A write transaction; wake-ups are published only after COMMIT."""
+        if not self.group_commit:
+            with self._write_alone() as tx:
+                yield tx
+            return
+        with self._write_grouped() as tx:
+            yield tx
+
+    def _writer(self) -> sqlite3.Connection:
+        """The connection group transactions run on (only ever under ``_wmutex``)."""
+        if self._closed:
+            raise StoreError("store is closed")
+        if self._wconn is None:
+            try:
+                self._wconn = self._open()
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"sqlite: cannot open {self.path}: {exc}") from exc
+        return self._wconn
+
+    @contextmanager
+    def _write_grouped(self) -> Iterator[_Tx]:
+        """Group commit: threads that arrive while a transaction is open join it, each in
+        its own SAVEPOINT (a failing call undoes only itself), and the last one in commits
+        for all — one fsync for the group. Every caller returns only after that COMMIT,
+        so "answered" still means "durable"; if the COMMIT fails, every member raises
+        StoreUnavailable and nothing of the group was written."""
+        with self._wcount:
+            self._waiting += 1
+        self._wmutex.acquire()
+        with self._wcount:
+            self._waiting -= 1
+        group = self._group
+        failure: BaseException | None = None
+        tx: _Tx | None = None
+        try:
+            if group is None:
+                conn = self._writer()
+                conn.execute("BEGIN IMMEDIATE")
+                group = self._group = _Group(conn)
+            conn = group.conn
+            tx = _Tx(conn, int(conn.execute(_NOW_MS).fetchone()[0]))
+            conn.execute("SAVEPOINT call")
+        except BaseException as exc:
+            self._wmutex.release()
+            if isinstance(exc, sqlite3.Error) and _unavailable(exc):
+                raise StoreUnavailable(f"sqlite: {exc}") from exc
+            raise
+        try:
+            yield tx
+        except BaseException as exc:
+            failure = exc
+            try:
+                conn.execute("ROLLBACK TO call")
+                conn.execute("RELEASE call")
+            except sqlite3.Error as undo:  # cannot isolate this call: fail the group
+                group.poisoned = undo
+        else:
+            try:
+                conn.execute("RELEASE call")
+            except sqlite3.Error as exc:
+                group.poisoned = exc
+        group.members += 1
+        with self._wcount:
+            others_coming = self._waiting > 0
+        if others_coming and group.members < _GROUP_MAX and group.poisoned is None:
+            self._wmutex.release()  # the next one in joins this group and may commit it
+            group.done.wait()
+        else:
+            self._group = None
+            try:
+                if group.poisoned is not None:
+                    raise group.poisoned
+                conn.execute("COMMIT")
+                self.commits += 1
+            except sqlite3.Error as exc:
+                group.error = exc
+                with suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            finally:
+                group.done.set()
+                self._wmutex.release()
+        if group.error is not None:
+            raise StoreUnavailable(f"sqlite: commit failed: {group.error}") from group.error
+        if failure is not None:
+            if isinstance(failure, sqlite3.Error) and _unavailable(failure):
+                raise StoreUnavailable(f"sqlite: {failure}") from failure
+            raise failure
+        C.publish_all(self._publish, tx.topics)
+
+    @contextmanager
+    def _write_alone(self) -> Iterator[_Tx]:
+        """One ``BEGIN IMMEDIATE`` transaction per call."""
         with self._conn() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 tx = _Tx(conn, int(conn.execute(_NOW_MS).fetchone()[0]))
                 yield tx
                 conn.execute("COMMIT")
+                with self._lock:
+                    self.commits += 1
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -193,6 +310,16 @@ class SQLiteStore:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        with self._wmutex:
+            group, self._group = self._group, None
+            if group is not None:  # closed under a pending group: it did not commit
+                group.error = sqlite3.OperationalError("store closed before commit")
+                with suppress(sqlite3.Error):
+                    group.conn.execute("ROLLBACK")
+                group.done.set()
+            if self._wconn is not None:
+                self._wconn.close()
+                self._wconn = None
 
     def now(self) -> str:
         return C.iso(int(self._read(_NOW_MS)[0][0]))
