@@ -207,6 +207,8 @@ class SQLiteStore:
             tx = _Tx(conn, int(conn.execute(_NOW_MS).fetchone()[0]))
             conn.execute("SAVEPOINT call")
         except BaseException as exc:
+            if self._group is not None:  # others may wait on it: commit their work now
+                self._finish_group(self._group)
             self._wmutex.release()
             if isinstance(exc, sqlite3.Error) and _unavailable(exc):
                 raise StoreUnavailable(f"sqlite: {exc}") from exc
@@ -232,19 +234,9 @@ class SQLiteStore:
             self._wmutex.release()  # the next one in joins this group and may commit it
             group.done.wait()
         else:
-            self._group = None
             try:
-                if group.poisoned is not None:
-                    raise group.poisoned
-                conn.execute("COMMIT")
-                self.commits += 1
-            except sqlite3.Error as exc:
-                group.error = exc
-                with suppress(sqlite3.Error):
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                self._finish_group(group)
             finally:
-                group.done.set()
                 self._wmutex.release()
         if group.error is not None:
             raise StoreUnavailable(f"sqlite: commit failed: {group.error}") from group.error
@@ -253,6 +245,23 @@ class SQLiteStore:
                 raise StoreUnavailable(f"sqlite: {failure}") from failure
             raise failure
         C.publish_all(self._publish, tx.topics)
+
+    def _finish_group(self, group: _Group) -> None:
+        """COMMIT (or, if a member could not be isolated, roll back) the open group and
+        release everyone waiting on it. Called with ``_wmutex`` held."""
+        self._group = None
+        try:
+            if group.poisoned is not None:
+                raise group.poisoned
+            group.conn.execute("COMMIT")
+            self.commits += 1
+        except sqlite3.Error as exc:
+            group.error = exc
+            with suppress(sqlite3.Error):
+                if group.conn.in_transaction:
+                    group.conn.execute("ROLLBACK")
+        finally:
+            group.done.set()
 
     @contextmanager
     def _write_alone(self) -> Iterator[_Tx]:
