@@ -442,3 +442,32 @@ def test_payload_survives_the_sdk_round_trip(relay: Any, binding: str) -> None:
 
     sent, task = run(go())
     assert list(task.artifacts[0].parts) == list(sent.parts)
+
+
+def test_two_subscribers_on_two_replicas_see_the_same_events(relay: Any, binding: str) -> None:
+    server, world, rx = relay
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        a = await client_for(server, world.tokens["caller"], binding, streaming=True)
+        b = await client_for(server.peer, world.tokens["caller"], binding, streaming=True)
+        req = SendMessageRequest(
+            message=msg("hold"), configuration=SendMessageConfiguration(return_immediately=True)
+        )
+        task = (await one(a.send_message(req))).task
+        await until(
+            lambda: a.get_task(GetTaskRequest(id=task.id)),
+            lambda t: state(t) == "TASK_STATE_WORKING" and len(t.status.message.parts) > 0,
+        )
+        sa = a.subscribe(SubscribeToTaskRequest(id=task.id))
+        sb = b.subscribe(SubscribeToTaskRequest(id=task.id))
+        first_a, first_b = await sa.__anext__(), await sb.__anext__()
+        assert first_a.task.id == first_b.task.id == task.id
+        rx.release(task.id)
+        rest_a, rest_b = await asyncio.gather(collect(sa), collect(sb))
+        await a.close()
+        await b.close()
+        return rest_a, rest_b
+
+    rest_a, rest_b = run(go())
+    assert rest_a == rest_b
+    assert state(rest_a[-1].status_update) == "TASK_STATE_COMPLETED"

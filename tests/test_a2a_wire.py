@@ -313,3 +313,29 @@ def test_work_waits_queued_while_the_receiver_is_offline(tmp_path: Any) -> None:
         assert arts == ["echo"]
         assert states[-1] == "TASK_STATE_COMPLETED"
         assert set(states) <= {"TASK_STATE_WORKING", "TASK_STATE_COMPLETED"}
+
+
+def test_list_filters(relay: tuple[Server, World]) -> None:
+    server, world = relay
+    ctx = "ctx-filters"
+    for text in ("echo a", "fail", "ask"):
+        body = {"message": message(text, contextId=ctx)}
+        r = post(f"{server.base()}/message:send", json.dumps(body).encode(), auth(world))
+        assert r.is_success, r.text
+    url = f"{server.base()}/tasks"
+
+    def listed(**params: Any) -> Any:
+        return httpx.get(url, params={"contextId": ctx, **params}, headers=auth(world)).json()
+
+    every = listed()
+    assert every["totalSize"] == 3 and every["nextPageToken"] == ""
+    assert all("artifacts" not in t and "history" not in t for t in every["tasks"])
+    failed = listed(status="TASK_STATE_FAILED")
+    assert [t["status"]["state"] for t in failed["tasks"]] == ["TASK_STATE_FAILED"]
+    assert failed["totalSize"] == 1
+    rich = listed(status="TASK_STATE_COMPLETED", includeArtifacts="true", historyLength=1)
+    (task,) = rich["tasks"]
+    assert task["artifacts"][0]["parts"] == [{"text": "echo: a"}]
+    assert [m["role"] for m in task["history"]] == ["ROLE_AGENT"]
+    assert listed(status="TASK_STATE_REJECTED")["tasks"] == []
+    assert listed(statusTimestampAfter="2999-01-01T00:00:00Z")["totalSize"] == 0
