@@ -323,9 +323,24 @@ async def record(
     reason: str,
     detail: dict[str, Any] | None = None,
 ) -> int:
-    """Append one decision to the audit log and wake ``mellan audit --follow`` readers."""
-    seq = await relay.call(
-        relay.store.audit, workspace, who, action, subject, allowed, rule, reason, detail
-    )
+    """Append one decision to the audit log and wake ``mellan audit --follow`` readers.
+
+    The decision itself was committed before this (the store offers no shared
+    transaction), so if the database drops right now the answer must still tell the
+    truth about the decision: the record goes to the relay log instead and -1 is returned.
+    """
+    try:
+        seq = await relay.call(
+            relay.store.audit, workspace, who, action, subject, allowed, rule, reason, detail
+        )
+    except Exception as exc:
+        if not store_unavailable(exc):
+            raise
+        log.error(
+            "audit record not stored (database unavailable: %s): workspace=%s actor=%s "
+            "action=%s subject=%s allowed=%s rule=%s reason=%s detail=%s",
+            exc, workspace, who, action, subject, allowed, rule, reason, detail,
+        )  # fmt: skip
+        return -1
     relay.notifier.publish(audit_topic(workspace))
     return seq
