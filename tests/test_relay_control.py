@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from melchior.mellan.auth import hash_token, new_token
-from melchior.mellan.store.base import Capability, CredentialKind, Store
+from melchior.mellan.receiver_client import ReceiverClient
+from melchior.mellan.store.base import Capability, CredentialKind, Outcome, Store
 from relay_proc import (
     RelayProc,
     add_agent,
@@ -333,6 +334,13 @@ def test_nothing_crosses_workspaces(relay: RelayProc, store: Store, other_worksp
         )
         assert err(r, 404)["code"] == "unknown-agent"
         owner_id = ok(c.get("/api/whoami"))["credential_id"]
+    # an agent with the very same id in 'other' cannot take or touch default's work
+    twin = new_token()
+    store.add_credential("other", CredentialKind.AGENT, "private/ops", hash_token(twin))
+    with ReceiverClient(relay.url, twin) as rc:
+        assert rc.claim(wait=0) == []
+        assert rc.renew(task_id, 1).outcome is Outcome.NOT_FOUND
+        assert rc.complete(task_id, 1, {}).outcome is Outcome.NOT_FOUND
     with relay.owner() as c:
         # default's owner cannot revoke other's credential
         assert err(c.delete(f"/api/credentials/{owner_id}"), 404)
