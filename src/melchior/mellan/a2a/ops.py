@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from melchior.mellan.a2a import cards, requests, tasks
+from melchior.mellan.a2a import cards, listing, requests, tasks
 from melchior.mellan.a2a.access import Caller
 from melchior.mellan.a2a.errors import PushNotificationNotSupported
 from melchior.mellan.relay import Relay
@@ -49,7 +49,7 @@ async def get_task(relay: Relay, caller: Caller, params: Any, request: Request) 
 
 
 async def list_tasks(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
-    return await tasks.list_tasks(relay, caller, requests.parse_list(params))
+    return await listing.list_tasks(relay, caller, requests.parse_list(params))
 
 
 async def cancel_task(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
