@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	for f in bench/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
