@@ -7,13 +7,15 @@ from this table and imports nothing.
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from melchior import __version__
+
+if TYPE_CHECKING:
+    import argparse
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("melchior.commands.serve", "bind this session's socket and answer for it"),
@@ -26,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _top_parser(available: dict[str, tuple[str, str]]) -> argparse.ArgumentParser:
+    import argparse
+
     lines = "\n".join(f"  {name:<10} {text}" for name, (_, text) in available.items())
     parser = argparse.ArgumentParser(
         prog="melchior",
@@ -39,6 +43,8 @@ def _top_parser(available: dict[str, tuple[str, str]]) -> argparse.ArgumentParse
 
 
 def _available() -> dict[str, tuple[str, str]]:
+    import importlib.util
+
     out = {}
     for name, (module, text) in COMMANDS.items():
         if importlib.util.find_spec(module) is not None:
@@ -51,6 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in COMMANDS:
         name = args[0]
         module = importlib.import_module(COMMANDS[name][0])
+        # A command may read its common argv shape itself: argparse is a start-up cost.
+        fast = getattr(module, "parse_fast", None)
+        quick = fast(args[1:]) if fast is not None else None
+        if quick is not None:
+            fast_code: int = module.run(quick)
+            return fast_code
+        import argparse
+
         parser = argparse.ArgumentParser(
             prog=f"melchior {name}",
             description=module.__doc__,

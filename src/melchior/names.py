@@ -7,14 +7,11 @@ the registry safe (a private directory, ids never reused, socket paths that fit 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import re
-import secrets
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -208,6 +205,9 @@ def runtime_base(env: Mapping[str, str]) -> Path:
 
 def project_key(project: str) -> str:
     """A short fixed-width stand-in for a project name too long for ``sun_path``."""
+    import base64  # start-up: only long project names pay for these
+    import hashlib
+
     digest = hashlib.sha256(project.encode()).digest()
     return "h-" + base64.b32encode(digest).decode().lower()[:12]
 
@@ -227,13 +227,15 @@ def registry_dir(project: str, env: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if env is None else env
     check_project(project)
     base = runtime_base(environ)
-    for name in (project, project_key(project)):
-        if _fits(base / name):
-            return _ensure_private_dir(base / name, what="project registry")
+    if _fits(base / project):
+        return _ensure_private_dir(base / project, what="project registry")
+    key = project_key(project)
+    if _fits(base / key):
+        return _ensure_private_dir(base / key, what="project registry")
     short = fallback_base()
-    if short != base and _fits(short / project_key(project)):
+    if short != base and _fits(short / key):
         _ensure_private_dir(short, what="fallback runtime directory")
-        for name in (project, project_key(project)):
+        for name in (project, key):
             if _fits(short / name):
                 return _ensure_private_dir(short / name, what="project registry")
     raise NamingError(
@@ -265,6 +267,8 @@ def used_ids(directory: Path) -> set[str]:
 
 
 def _candidate(words: int) -> str:
+    import secrets  # start-up: only minting pays for it
+
     return "-".join(secrets.choice(GREEK) for _ in range(words))
 
 
@@ -321,6 +325,8 @@ def _listed(directory: Path) -> Iterator[str]:
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Write a sidecar so readers see the old content or the new, never half of it."""
+    import secrets  # start-up: only writers pay for it
+
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:

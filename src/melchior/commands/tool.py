@@ -18,12 +18,20 @@ caller is the operator (who, status, tell and reading reports only)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import NoReturn
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    import argparse
+
+FLAGS = ("verb", "who", "message", "sort", "about", "page", "chain")
+"""The flags that take a value; ``--schema`` is the one switch."""
 
 
 def _page(text: str) -> int:
+    import argparse
+
     try:
         value = int(text)
     except ValueError:
@@ -31,6 +39,34 @@ def _page(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("pages are numbered from 1")
     return value
+
+
+def parse_fast(args: list[str]) -> SimpleNamespace | None:
+    """The common shape of a request (``--flag=value`` only) without argparse.
+
+    argparse and what it pulls in (re-compiles, gettext, shutil, locale) are about a
+    fifth of the tool's start-up, and a harness execs the tool once per request. Only
+    the unambiguous spelling is taken here; anything else (``--flag value``, ``-h``,
+    an abbreviation, an unknown flag, a bad page number) returns None and goes through
+    argparse, so its answers, errors included, are argparse's own.
+    """
+    ns = SimpleNamespace(schema=False, **dict.fromkeys(FLAGS))
+    for arg in args:
+        if arg == "--schema":
+            ns.schema = True
+            continue
+        name, eq, value = arg.partition("=")
+        flag = name[2:]
+        if not (eq and name.startswith("--") and flag in FLAGS) or value == "--":
+            # (argparse drops a value that is exactly '--'; let it keep its own quirks)
+            return None
+        if flag == "page":
+            if not (value.isascii() and value.isdigit()) or int(value) < 1:
+                return None
+            setattr(ns, flag, int(value))
+        else:
+            setattr(ns, flag, value)
+    return ns
 
 
 def _json_usage_error(message: str) -> NoReturn:
@@ -59,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schema", action="store_true", help="print the vocabulary as JSON Schema")
 
 
-def run(ns: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace | SimpleNamespace) -> int:
     from melchior.wire import argv
     from melchior.wire.envelope import Refused, ok, refused
 

@@ -10,7 +10,6 @@ same budget and a cycle back to an agent already on the path is visible.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +42,8 @@ class Chain:
 
 
 def new_chain_id() -> str:
+    import secrets  # start-up: 'status' and 'who' never start a chain
+
     return secrets.token_hex(8)
 
 

@@ -17,7 +17,6 @@ is an error, not a default, so nothing ever widens past the project by accident.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,9 @@ def _talk_in(table: Any, where: str, path: Path) -> Talk | None:
 
 def parse_talk(text: str, project: str, path: Path) -> Talk:
     """``melchior.talk`` for ``project`` from a config file's text."""
+    # Imported here: most runs have no config file, and the tool is exec'd per request.
+    import tomllib
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
