@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior.mellan.rawjson import Raw, decode, encode
+from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode
 from melchior.mellan.receiver_api import backoff, explain_lost
 from melchior.mellan.server import redact
 
@@ -46,6 +46,12 @@ def test_numbers_keep_their_digits() -> None:
 def test_non_json_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         decode(bad)
+
+
+def test_duplicate_keys_are_refused_not_collapsed() -> None:
+    with pytest.raises(JSONTextError, match="duplicate object key 'n'"):
+        decode('{"n": 1, "m": {"x": 2}, "n": 3}')
+    assert decode('{"a": {"n": 1}, "b": {"n": 2}}') == {"a": {"n": 1}, "b": {"n": 2}}
 
 
 def test_unicode_is_kept_as_text() -> None:

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["Raw", "decode", "encode"]
+__all__ = ["JSONTextError", "Raw", "decode", "encode"]
+
+
+class JSONTextError(ValueError):
+    """Input that is JSON-shaped but could not survive a faithful round trip."""
 
 
 @dataclass(frozen=True)
@@ -60,15 +64,28 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("JSON has no NaN or Infinity")
-        out.append(json.dumps(value))
+        out.append(repr(value))
     else:
         out.append(json.dumps(value, ensure_ascii=False))
 
 
 def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise JSONTextError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONTextError(f"duplicate object key {key!r}")
+        out[key] = value
+    return out
 
 
 def decode(text: str | bytes) -> Any:
-    """Parse JSON exactly: floats become :class:`Decimal`, NaN/Infinity are refused."""
-    return json.loads(text, parse_float=Decimal, parse_constant=_no_constants)
+    """Parse JSON exactly: floats become :class:`Decimal`; NaN/Infinity and duplicate object
+    keys (the last would silently win, so the receiver would see less than was sent) are
+    refused with :class:`JSONTextError`."""
+    return json.loads(
+        text, parse_float=Decimal, parse_constant=_no_constants, object_pairs_hook=_unique_keys
+    )
