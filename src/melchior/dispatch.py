@@ -1,0 +1,69 @@
+"""Lazy subcommands, shared by the ``melchior`` and ``mellan`` commands.
+
+Start-up time is a product feature (``melchior tool`` is exec'd once per request), so
+only the invoked subcommand's module is imported, and argparse itself only when it is
+needed: a module may offer ``parse_fast(argv)`` that reads its common argv shape and
+returns a namespace (or None to fall back to argparse). Every module offers
+``add_arguments(parser)`` and ``run(namespace) -> int``; its docstring is its ``--help``
+description. The top-level help is built from the table and imports nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Program:
+    prog: str
+    version: str
+    description: str
+    commands: Mapping[str, tuple[str, str]]  # name -> (module, one-line help)
+    footer: str = ""
+
+
+def run(program: Program, argv: Sequence[str]) -> int:
+    args = list(argv)
+    if args and args[0] in program.commands:
+        name = args[0]
+        module = importlib.import_module(program.commands[name][0])
+        fast = getattr(module, "parse_fast", None)
+        quick = fast(args[1:]) if fast is not None else None
+        if quick is not None:
+            fast_code: int = module.run(quick)
+            return fast_code
+        import argparse
+
+        parser = argparse.ArgumentParser(
+            prog=f"{program.prog} {name}",
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(parser)
+        code: int = module.run(parser.parse_args(args[1:]))
+        return code
+    return _top_level(program, args)
+
+
+def _top_level(program: Program, args: list[str]) -> int:
+    import argparse
+
+    width = max((len(n) for n in program.commands), default=0) + 1
+    lines = "\n".join(f"  {name:<{width}} {text}" for name, (_, text) in program.commands.items())
+    footer = f" {program.footer}" if program.footer else ""
+    parser = argparse.ArgumentParser(
+        prog=program.prog,
+        description=program.description,
+        epilog=f"commands:\n{lines}\n\nRun '{program.prog} COMMAND --help' for a command's "
+        f"options.{footer}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{program.prog} {program.version}")
+    parser.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    ns = parser.parse_args(args)
+    if ns.command is not None:
+        parser.error(f"unknown command {ns.command!r}; see '{program.prog} --help'")
+    parser.print_help()
+    return 0
