@@ -11,8 +11,9 @@
    in a project holding only the caller. The 1,000 sessions run the real serve code
    (melchior.session.serve.Serve: real sockets published by rename, real notes, each
    answering its own socket) hosted in one process, because 1,000 Python processes do
-   not fit on a 2-core machine; `who` reads the directory and notes and does not probe,
-   so what it sees is exactly what 1,000 serve processes would leave there.
+   not fit on a 2-core machine; `who` reads the directory and notes and probes each
+   reachable socket with one connect, which those sessions answer exactly as 1,000
+   serve processes would.
 """
 
 from __future__ import annotations

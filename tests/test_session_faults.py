@@ -18,7 +18,7 @@ import pytest
 
 from melchior.session import serve as serve_mod
 from melchior.session.client import Unreachable, call_once, connect, request
-from melchior.session.registry import probe
+from melchior.session.registry import probe, sweep
 from melchior.wire import frames
 from melchior.wire.envelope import Refused
 from session_harness import WAIT, Harness, melchior
@@ -42,6 +42,48 @@ def test_a_killed_serve_is_found_stale_on_the_first_call_and_removed(harness: Ha
     assert not victim.at.exists()
     r = root.tool("--verb=tell", f"--who={victim.id}", "--message=again?")
     assert r.rc == 1 and r.error["code"] == "unknown"
+
+
+def test_who_probes_and_does_not_list_a_killed_serve(harness: Harness) -> None:
+    root = harness.start()
+    alive = harness.start()
+    victim = harness.start()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    assert victim.at.exists()  # killed: it did not get to clean up
+    r = harness.tool("--verb=who")  # the operator sees every session there is
+    assert r.rc == 0
+    assert {e["id"] for e in r.result} == {root.id, alive.id}
+    assert not victim.at.exists()  # found stale by the probe and removed
+    r = root.tool("--verb=who")
+    assert r.rc == 0 and {e["id"] for e in r.result} == {alive.id}
+    assert alive.tool("--verb=status").rc == 0  # probed sessions keep answering
+
+
+def test_sweep_waits_once_and_keeps_a_socket_that_starts_listening(tmp_path: Path) -> None:
+    late = tmp_path / "alpha-beta"
+    dead = tmp_path / "gamma-delta"
+    live = tmp_path / "eta-theta"
+    s_late, s_dead, s_live = (socket.socket(socket.AF_UNIX) for _ in range(3))
+    try:
+        s_late.bind(os.fspath(late))  # bound, not listening yet: refuses like a dead one
+        s_dead.bind(os.fspath(dead))
+        s_dead.close()  # bound then closed: a killed serve's leftover
+        s_live.bind(os.fspath(live))
+        s_live.listen(1)
+        pauses: list[None] = []
+
+        def pause() -> None:
+            pauses.append(None)
+            s_late.listen(1)
+
+        paths = {"late": late, "dead": dead, "live": live, "gone": tmp_path / "no-such"}
+        assert sweep(paths, pause=pause) == {"late", "live"}
+        assert len(pauses) == 1  # one shared pause, not one per refused entry
+        assert late.exists() and live.exists() and not dead.exists()
+    finally:
+        for s in (s_late, s_dead, s_live):
+            s.close()
 
 
 def test_a_server_between_bind_and_listen_is_not_mistaken_for_dead(tmp_path: Path) -> None:

@@ -255,8 +255,14 @@ class Context:
 
 
 def verb_who(ctx: Context, req: Request) -> list[Any]:
+    """The sessions the walls let us reach that answer a connect right now.
+
+    An entry is only a claim (a killed serve leaves its socket behind), so each one
+    the walls allow is probed; a stale one is removed and not listed, which keeps
+    'who' truthful without a call to each session.
+    """
     tree = ctx.reg.tree()
-    out = []
+    out: list[dict[str, Any]] = []
     for sid in ctx.reg.listed():
         node = tree.get(sid) or ctx.reg.session(sid)
         if ctx.me is not None:
@@ -278,7 +284,8 @@ def verb_who(ctx: Context, req: Request) -> list[Any]:
                 "rule": rule,
             }
         )
-    return out
+    answering = ctx.reg.answering([str(entry["id"]) for entry in out])
+    return [entry for entry in out if entry["id"] in answering]
 
 
 def verb_status(ctx: Context, req: Request) -> list[Any]:

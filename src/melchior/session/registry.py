@@ -152,6 +152,10 @@ class Registry:
     def probe(self, session_id: str, *, pause: Callable[[], None] | None = None) -> Liveness:
         return probe(self.path(session_id), pause=pause)
 
+    def answering(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` answer a connect now; stale entries are removed (see :func:`sweep`)."""
+        return sweep({sid: self.path(sid) for sid in ids})
+
     # -- notes ----------------------------------------------------------------------------
 
     def write_notes(self, session_id: str, parent: str, role: Role) -> None:
@@ -221,6 +225,41 @@ def probe(path: Path, *, pause: Callable[[], None] | None = None) -> Liveness:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return "stale"
+
+
+def sweep(paths: Mapping[str, Path], *, pause: Callable[[], None] | None = None) -> set[str]:
+    """Which of many socket entries are answered; the rest are stale (removed) or gone.
+
+    One non-blocking connect per entry (a full backlog is busy, not dead); only the
+    refused ones wait, all together, for :data:`STALE_PAUSE` and then go through
+    :func:`probe` (a second refusal, the inode guard). So a listing of a thousand
+    live sessions costs a thousand connects and no sleep, and each killed session
+    costs one shared pause, not one each.
+    """
+    wait = pause if pause is not None else (lambda: time.sleep(STALE_PAUSE))
+    live: set[str] = set()
+    refused: list[str] = []
+    for key, path in paths.items():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(os.fspath(path))
+            live.add(key)
+        except BlockingIOError:
+            live.add(key)
+        except ConnectionRefusedError:
+            refused.append(key)
+        except OSError:
+            pass  # gone (ENOENT), or not a socket we may use: not listed as reachable
+        finally:
+            s.close()
+    if refused:
+        wait()
+        for key in refused:
+            # The shared pause was the gap after the first refusal; probe's own is not needed.
+            if probe(paths[key], pause=lambda: None) == "live":
+                live.add(key)
+    return live
 
 
 def _connects(path: Path) -> bool:
