@@ -1058,7 +1058,9 @@ def test_discovery_by_io_popen_where_the_lua_has_it(regdir: Path) -> None:
         sock.close()
 
 
-def test_discovery_from_the_environment_and_a_host_lister(tmp_path: Path) -> None:
+def test_discovery_from_the_environment_and_a_host_lister(regdir: Path) -> None:
+    # A short runtime dir: under pytest's long tmp_path melchior itself would hash "demo".
+    tmp_path = regdir
     env = {"XDG_RUNTIME_DIR": str(tmp_path), "MAGI_MELCHIOR_PROJECT": "demo"}
     lua = Lua("lua54")
     listed: list[bytes] = []
@@ -1294,6 +1296,90 @@ def test_the_walls_of_a_live_session_reach_lua_as_errors(live_env: dict[str, str
         for s in (child, beta, alpha):
             if s is not None:
                 s.close()
+
+
+def _lua_dir(env: dict[str, str]) -> tuple[bool, str]:
+    """What the client's environment discovery says: (True, dir) or (False, the error)."""
+    lua = Lua("lua54")
+    ok, out = lua.run(
+        "local m, get = ...; m.configure{getenv = function(n) return get(n) end}; "
+        "return pcall(m.dir)",
+        lambda name: env[name.decode()].encode() if name.decode() in env else None,
+    )
+    return bool(ok), out.decode()
+
+
+PROJECTS = st.one_of(
+    st.text(alphabet="abcz09._-/", min_size=0, max_size=70),
+    st.sampled_from(["demo", "a" * 64, "a" * 65, "x..y", "..", ".hidden", "-x", "ok.name"]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(project=PROJECTS, depth=st.integers(0, 90), slash=st.booleans())
+def test_environment_discovery_agrees_with_names_or_refuses(
+    project: str, depth: int, slash: bool
+) -> None:
+    """The plain-Lua default never names a directory melchior would not use.
+
+    Where melchior's own rule (names.registry_dir) moves a project somewhere the Lua
+    client cannot compute (a hashed key, the /tmp fallback), the client refuses and
+    asks for listening.at instead of guessing.
+    """
+    from melchior import names
+
+    base = Path(tempfile.mkdtemp(prefix="ld-", dir="/tmp"))
+    try:
+        base.chmod(0o700)
+        runtime = base / ("d" * depth) if depth else base
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        env = {
+            "XDG_RUNTIME_DIR": str(runtime) + ("/" if slash else ""),
+            "MAGI_MELCHIOR_PROJECT": project,
+        }
+        try:
+            expected: str | None = str(names.registry_dir(project, env))
+        except names.NamingError:
+            expected = None
+        ok, said = _lua_dir(env)
+        if ok:
+            assert said == expected
+        else:
+            assert said.startswith("melchior: ")
+            assert expected != f"{runtime}/melchior/{project}"  # a refusal only where it differs
+            if expected is not None:
+                assert "configure{at=<listening.at>}" in said
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_environment_discovery_without_a_runtime_dir_asks_for_listening_at() -> None:
+    ok, said = _lua_dir({"MAGI_MELCHIOR_PROJECT": "demo"})
+    assert not ok and "/tmp/melchior-<uid>" in said and "listening.at" in said
+    ok, said = _lua_dir({"XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert not ok and "MAGI_MELCHIOR_PROJECT is not set" in said
+
+
+def test_a_live_session_with_a_hashed_project_key_is_reached_through_at(
+    live_env: dict[str, str],
+) -> None:
+    """A project name too long for a socket path: melchior hashes it, `at` still finds it."""
+    long_name = "a-rather-long-project-name-" + "x" * 37  # 64 bytes: valid, but hashed here
+    env = dict(live_env, MAGI_MELCHIOR_PROJECT=long_name)
+    runtime = Path(env["XDG_RUNTIME_DIR"]) / ("r" * 20)  # a longer base: the name cannot fit
+    runtime.mkdir(mode=0o700)
+    env["XDG_RUNTIME_DIR"] = str(runtime)
+    alpha, beta = LiveServe(env), LiveServe(env)
+    try:
+        assert f"/melchior/{long_name}/" not in alpha.at and "/melchior/h-" in alpha.at
+        ok, said = _lua_dir(env)
+        assert not ok and "keys project" in said and "listening.at" in said
+        lua = Lua("lua54", settings={"at": alpha.at})
+        st_ = lua.to_py(lua.run("local m, b = ...; return m.connect(b).status()", beta.id))
+        assert st_["id"] == beta.id and st_["project"] == long_name
+    finally:
+        beta.close()
+        alpha.close()
 
 
 LUA_VERBS = {"status": [], "tell": ["text", "sort?"], "ask": ["text"], "answer": ["about", "text"]}

@@ -47,7 +47,8 @@ SETTINGS (the optional second argument, or melchior.configure{...})
   at       the "at" of this session's {"event":"listening","at":…}: sets
            dir (its directory) and from (its last part) in one go
   dir      the project's registry directory; default
-           $XDG_RUNTIME_DIR/melchior/$MAGI_MELCHIOR_PROJECT
+           $XDG_RUNTIME_DIR/melchior/$MAGI_MELCHIOR_PROJECT where that is
+           melchior's rule too, else an error asking for `at`
   list     function(dir) -> array of file names in dir (default: io.popen "ls")
   read     function(path) -> file contents or nil (default: io.open)
   getenv   function(name) -> string or nil (default: os.getenv)
@@ -528,19 +529,53 @@ function M.configure(opts)
   return M
 end
 
+-- The same budget as melchior.names: a socket address holds 107 usable bytes, and the
+-- longest name ever bound in a registry is '.<26-character id>.tmp'.
+local SUN_PATH_MAX, LONGEST_NAME = 107, #"/..tmp" + 26
+local ASK_AT = "pass configure{at=<listening.at>} (or configure{dir=...})"
+
 --- The project's registry directory: settings.dir, else from the environment.
+--- The environment rule is melchior's simple case only. Where melchior would go
+--- elsewhere (no usable XDG_RUNTIME_DIR: /tmp/melchior-<uid>; a path too long for a
+--- socket: a hashed project key) this refuses with the reason instead of guessing a
+--- directory nobody listens in; a harness knows the directory from listening.at.
 function M.dir()
   if setting("dir") then
     return setting("dir")
   end
   local runtime, project = getenv("XDG_RUNTIME_DIR"), getenv("MAGI_MELCHIOR_PROJECT")
-  if not runtime or runtime == "" or not project or project == "" then
+  if not project or project == "" then
     fail(
-      "cannot tell which registry to use: set XDG_RUNTIME_DIR and MAGI_MELCHIOR_PROJECT, "
-        .. "or configure{dir=...} or configure{at=<listening.at>}"
+      "cannot tell which registry to use: MAGI_MELCHIOR_PROJECT is not set (melchior "
+        .. "derives the project from the working tree); %s",
+      ASK_AT
     )
   end
-  return runtime .. "/melchior/" .. project
+  if
+    #project > 64
+    or not find(project, "^[%w][%w._-]*$")
+    or find(project, "..", 1, true)
+  then
+    fail("MAGI_MELCHIOR_PROJECT %q is not a project name melchior accepts", project)
+  end
+  if not runtime or sub(runtime, 1, 1) ~= "/" then
+    fail(
+      "cannot tell which registry to use: XDG_RUNTIME_DIR is not an absolute path, so "
+        .. "melchior uses /tmp/melchior-<uid>; %s",
+      ASK_AT
+    )
+  end
+  local dir = gsub(runtime, "/+$", "") .. "/melchior/" .. project
+  if #dir + LONGEST_NAME > SUN_PATH_MAX then
+    fail(
+      "cannot tell which registry to use: %s is too long for a socket address, so "
+        .. "melchior keys project %q by a hash; %s",
+      dir,
+      project,
+      ASK_AT
+    )
+  end
+  return dir
 end
 
 local function is_id(name)
