@@ -52,6 +52,39 @@ def test_the_operator_tells_as_project_operator(harness: Harness) -> None:
     assert root.next_event("message")["who"] == "demo/operator/-"
 
 
+def test_a_relay_of_real_sessions_is_refused_at_the_fifth_hop(harness: Harness) -> None:
+    """Each harness passes on the chain of the message it got, as a model's tool call would.
+
+    The operator's words are hop 1; four sessions relay them; the fifth hop is refused on
+    the sender's side with the chain named, and the recipient never sees it.
+    """
+    harness.set_talk("project")  # five mains that may all reach each other
+    a, b, c, d, e = (harness.start() for _ in range(5))
+    assert harness.tool("--verb=tell", f"--who={a.id}", "--message=pass it on").rc == 0
+    got = a.next_event("message")
+    assert got["hop"] == 1
+    for sender, recipient, hop in ((a, b, 2), (b, c, 3), (c, d, 4)):
+        chain = json.dumps({k: got[k] for k in ("chain", "hop", "path")})
+        r = sender.tool("--verb=tell", f"--who={recipient.id}", "--message=on", f"--chain={chain}")
+        assert r.rc == 0 and r.one["receipt"] == "delivered" and r.one["hop"] == hop
+        got = recipient.next_event("message")
+        assert (got["hop"], got["path"][-1]) == (hop, sender.id)
+        assert got["chain"] == r.one["chain"]
+    assert got["path"][1:] == [a.id, b.id, c.id]
+    chain = json.dumps({k: got[k] for k in ("chain", "hop", "path")})
+    r = d.tool("--verb=tell", f"--who={e.id}", "--message=on", f"--chain={chain}")
+    assert r.rc == 1 and r.error["rule"] == "hop-limit" and r.error["receipt"] == "refused"
+    assert f"hop 5 of chain {got['chain']}" in r.error["reason"]
+    # The same through the environment a harness sets for its model's tool calls.
+    env = dict(d.tool_env(), MAGI_MELCHIOR_CHAIN=chain)
+    r = harness.tool("--verb=ask", f"--who={e.id}", "--message=on?", env=env)
+    assert r.rc == 1 and r.error["rule"] == "hop-limit"
+    # e was never reached: a fresh tell from the operator is the first thing it sees.
+    assert harness.tool("--verb=tell", f"--who={e.id}", "--message=new words").rc == 0
+    fresh = e.next_event("message")
+    assert (fresh["text"], fresh["hop"]) == ("new words", 1)
+
+
 def test_the_hop_count_carries_and_the_fifth_hop_is_refused(harness: Harness) -> None:
     root = harness.start()
     child = root.spawn()
