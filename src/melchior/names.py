@@ -14,8 +14,8 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 GREEK = (
     "alpha",
@@ -127,8 +127,7 @@ def project_from(env: Mapping[str, str], cwd: Path) -> str:
     return derive_project(cwd)
 
 
-@dataclass(frozen=True)
-class Address:
+class Address(NamedTuple):
     """``project/role/id``: how a message names its sender to a reader."""
 
     project: str

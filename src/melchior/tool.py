@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from melchior import names
 from melchior.policy.hops import Chain, check_hop, first_hop, next_hop
@@ -30,16 +29,14 @@ ENV_CHAIN = "MAGI_MELCHIOR_CHAIN"
 """The chain ``{"chain","hop","path"}`` of the message the session is answering, if any."""
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     name: str
     description: str
     type: str = "string"
     enum: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class ToolVerb:
+class ToolVerb(NamedTuple):
     name: str
     description: str
     required: tuple[Param, ...] = ()
@@ -155,8 +152,7 @@ class Usage(Exception):
     """The request itself is malformed (exit 2), as opposed to refused (exit 1)."""
 
 
-@dataclass
-class Request:
+class Request(NamedTuple):
     verb: str
     who: str | None = None
     message: str | None = None
@@ -164,7 +160,7 @@ class Request:
     about: str | None = None
     page: int | None = None
     chain: str | None = None
-    stdin: Callable[[int], bytes] = field(default=lambda n: b"")
+    stdin: Callable[[int], bytes] = lambda n: b""
 
 
 class Context:

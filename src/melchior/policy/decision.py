@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """An allowed or refused action, with the rule that decided and why.
 
     ``rule`` is a short stable identifier (``project-wall``, ``hop-limit``, …) that
     scripts and audit queries match on; ``reason`` is the sentence a user reads.
+    (The policy's values are NamedTuples: ``melchior tool`` is exec'd per request and
+    importing dataclasses would be a fifth of its start-up.)
     """
 
     allowed: bool

@@ -10,8 +10,7 @@ same budget and a cycle back to an agent already on the path is visible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from melchior.policy.decision import Decision, allow, refuse
 
@@ -19,11 +18,10 @@ MAX_HOPS = 4
 """The last hop allowed; hop MAX_HOPS + 1 is refused."""
 
 
-@dataclass(frozen=True)
-class Chain:
+class Chain(NamedTuple):
     chain: str
     hop: int
-    path: tuple[str, ...] = field(default_factory=tuple)
+    path: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"chain": self.chain, "hop": self.hop, "path": list(self.path)}

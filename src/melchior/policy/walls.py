@@ -17,8 +17,7 @@ known, so a dead parent never merges two instances.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from melchior.policy.decision import Decision, allow, refuse
 
@@ -27,8 +26,7 @@ TALK_VALUES: tuple[Talk, ...] = ("instance", "run", "project")
 Role = Literal["main", "sub"]
 
 
-@dataclass(frozen=True)
-class Session:
+class Session(NamedTuple):
     """One node of a project's session tree as the registry records it."""
 
     id: str

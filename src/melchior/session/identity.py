@@ -8,8 +8,8 @@ the one secret that proves a session was minted by its parent.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from melchior import names
 from melchior.policy.walls import Role, Session
@@ -20,8 +20,7 @@ class IdentityError(ValueError):
     """The environment names a session that cannot be this one, with why."""
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(NamedTuple):
     project: str
     id: str
     role: Role

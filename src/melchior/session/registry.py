@@ -21,9 +21,8 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from melchior import names
 from melchior.policy.walls import Role, Session
@@ -34,8 +33,7 @@ STALE_PAUSE = 0.05
 """Seconds between the two refused connects that make a socket stale."""
 
 
-@dataclass(frozen=True)
-class Minted:
+class Minted(NamedTuple):
     """What ``melchior fork`` recorded for a child it named."""
 
     id: str
