@@ -143,3 +143,34 @@ def test_flags_argparse_rejects_are_json_refusals_too(harness: Harness, args: tu
     assert (
         r.rc == 2 and r.error["code"] == "bad-args" and "melchior tool --help" in r.error["reason"]
     )
+
+
+HEAVY = {"argparse", "dataclasses", "inspect", "tomllib", "hashlib", "secrets", "asyncio"}
+"""Modules 'status' and 'who' must not import: start-up is a feature (issue 3), and a
+structural check stays true on a loaded machine where a timing threshold would not."""
+
+_IMPORTS = (
+    "import json, sys\n"
+    "from melchior.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "sys.stderr.write(json.dumps(sorted(sys.modules)))\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.mark.parametrize("verb", [["--verb=status"], ["--verb=who"], ["--verb=status", "WHO"]])
+def test_status_and_who_import_nothing_heavy(harness: Harness, verb: list[str]) -> None:
+    root = harness.start()
+    args = [a.replace("WHO", f"--who={root.id}") for a in verb]
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, "tool", *args],
+        env=root.tool_env(),
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout)["ok"] is True
+    loaded = set(json.loads(done.stderr))
+    assert "melchior.tool" in loaded
+    assert loaded & HEAVY == set()
