@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.auth import hash_token, new_token
-from melchior.mellan.notify import receiver_topic, task_topic
+from melchior.mellan.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.relay import Relay
 from melchior.mellan.store.base import (
     Agent,
@@ -40,7 +40,6 @@ from melchior.mellan.web import (
     JSON,
     ApiError,
     actor,
-    audit_topic,
     authenticate,
     endpoint,
     event_view,
@@ -575,23 +574,16 @@ async def cancel_task(request: Request) -> Response:
     ):
         raise _not_found(f"task {task_id!r}")
     assert task is not None
-    after, outcome = await relay.call(relay.store.cancel, me.workspace, task_id)
+    rule = "owner" if _is_owner(me) else "caller"
+    after, outcome = await relay.call(
+        relay.store.cancel, me.workspace, task_id, actor=actor(me), rule=rule
+    )  # audited by the store, allowed or refused, in the cancel's own transaction
     if outcome is Outcome.NOT_FOUND or after is None:
         raise _not_found(f"task {task_id!r}")
     if outcome is Outcome.LEASE_LOST:
         reason = f"the task is already {after.state.value}; only queued or running tasks cancel"
-        await record(
-            relay, me.workspace, actor(me), "task.cancel", task_id, False, "finished", reason
-        )
         raise ApiError(409, "not-cancelable", reason, {"outcome": outcome.value})
     if outcome is Outcome.OK:
-        was = task.state.value
-        await record(
-            relay, me.workspace, actor(me), "task.cancel", task_id, True,
-            "owner" if _is_owner(me) else "caller",
-            f"cancelled while {was}" + ("; the receiver's lease is revoked" if was == "leased"
-                                        else ""),
-        )  # fmt: skip
         relay.notifier.publish(task_topic(task_id))
         relay.notifier.publish(receiver_topic(me.workspace, task.receiver))
     return JSON({"outcome": outcome.value, "task": task_view(after, payload=False)})

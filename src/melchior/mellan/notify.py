@@ -22,6 +22,11 @@ def task_topic(task_id: str) -> str:
     return f"task:{task_id}"
 
 
+def audit_topic(workspace: str) -> str:
+    """Woken whenever a workspace's audit log grows (``mellan audit --follow`` waits here)."""
+    return f"audit:{workspace}"
+
+
 class Notifier(Protocol):
     async def start(self) -> None: ...
 

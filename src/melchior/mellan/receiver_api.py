@@ -7,6 +7,11 @@ receiver that lost its lease (expired and reclaimed, or cancelled) cannot renew,
 or complete someone else's attempt; it gets ``409 {"outcome": "lease-lost"}`` with the
 reason, and the refusal is audited.
 
+Audit records of claims, completions, fails, cancel-acks and refusals are written by the
+store in the same transaction as the queue change (``actor=``): a claim batch of ten is
+one commit, not eleven, and a database lost mid-request leaves neither a claim without
+its record nor a record without its claim.
+
 Contract (``melchior.mellan.receiver_client`` is the typed client for it)::
 
     POST /api/receiver/claim            {"limit":1,"wait":25,"lease_seconds":30,"worker":"…"?}
@@ -39,7 +44,8 @@ from starlette.routing import BaseRoute, Route
 from melchior.mellan.notify import receiver_topic, task_topic
 from melchior.mellan.rawjson import encode
 from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import Lease, Outcome, Principal, Task, TaskState
+from melchior.mellan.store._common import lost_reason
+from melchior.mellan.store.base import Lease, Outcome, Principal, Task
 from melchior.mellan.web import (
     JSON,
     ApiError,
@@ -52,7 +58,6 @@ from melchior.mellan.web import (
     field_number,
     field_str,
     read_object,
-    record,
     require_agent,
     task_view,
 )
@@ -105,6 +110,7 @@ async def claim(request: Request) -> Response:
             owner,
             limit=limit,
             lease_seconds=lease_seconds,
+            actor=actor(me),
         )
         remaining = deadline - loop.time()
         if leases or remaining <= 0 or relay.closing:
@@ -112,19 +118,6 @@ async def claim(request: Request) -> Response:
         if await request.is_disconnected():
             return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
         await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
-    for lease in leases:
-        await record(
-            relay,
-            me.workspace,
-            actor(me),
-            "task.claim",
-            lease.task.id,
-            True,
-            "lease",
-            f"{me.subject} leased attempt {lease.task.attempt} of {lease.task.max_attempts}",
-            {"epoch": lease.epoch, "expires_at": lease.expires_at, "owner": owner},
-        )
-        relay.notifier.publish(task_topic(lease.task.id))
     return JSON({"leases": [lease_view(lease) for lease in leases]})
 
 
@@ -141,46 +134,20 @@ async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
 
 
 def explain_lost(task: Task | None, epoch: int) -> tuple[str, str]:
-    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence)."""
+    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence); the
+    store words its ``lease.lost`` audit records with the same function."""
     if task is None:
-        return "finished", "the task no longer exists"
-    if task.state is TaskState.CANCELLED:
-        return "cancelled", "the task was cancelled; stop work on it and discard its result"
-    if task.lease_epoch != epoch:
-        return (
-            "stale-epoch",
-            f"epoch {epoch} is stale: the task was leased again (current epoch "
-            f"{task.lease_epoch}); another attempt owns it now",
-        )
-    if task.state is not TaskState.LEASED:
-        return "finished", f"the task is already {task.state.value}; nothing more is accepted"
-    return "expired", "the lease expired before this request arrived; renew sooner"
+        return lost_reason(None, None, epoch)
+    return lost_reason(task.state.value, task.lease_epoch, epoch)
 
 
 async def _fenced(
-    relay: Relay,
-    me: Principal,
-    task_id: str,
-    epoch: int,
-    action: str,
-    outcome: Outcome,
-    detail: dict[str, Any] | None = None,
+    relay: Relay, me: Principal, task_id: str, epoch: int, outcome: Outcome
 ) -> Response:
-    """Answer a fenced write and audit what it came to."""
+    """Answer a fenced write (the store has already audited what it came to)."""
     if outcome is Outcome.LEASE_LOST:
         task = await relay.call(relay.store.get_task, me.workspace, task_id)
         reason, sentence = explain_lost(task, epoch)
-        await record(
-            relay,
-            me.workspace,
-            actor(me),
-            "lease.lost",
-            task_id,
-            False,
-            reason,
-            f"{action} refused: {sentence}",
-            {"epoch": epoch, "attempted": action},
-        )
         return error_response(
             409, "lease-lost", sentence, {"outcome": outcome.value, "reason": reason}
         )
@@ -190,18 +157,6 @@ async def _fenced(
             "not-found",
             f"no task {task_id!r} for agent {me.subject!r}",
             {"outcome": outcome.value},
-        )
-    if action != "task.renew":  # renewals are too frequent to be decisions worth a record
-        await record(
-            relay,
-            me.workspace,
-            actor(me),
-            action,
-            task_id,
-            True,
-            "lease",
-            f"{action} under epoch {epoch}: {outcome.value}",
-            {"epoch": epoch, **(detail or {})},
         )
     relay.notifier.publish(task_topic(task_id))
     return JSON({"outcome": outcome.value})
@@ -215,8 +170,10 @@ async def renew(request: Request) -> Response:
     epoch = field_int(body, "epoch", None, 0, 2**62)
     lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
     await _own_task(relay, me, task_id)
-    outcome = await relay.call(relay.store.renew, task_id, epoch, lease_seconds=lease_seconds)
-    return await _fenced(relay, me, task_id, epoch, "task.renew", outcome)
+    outcome = await relay.call(
+        relay.store.renew, task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)
+    )
+    return await _fenced(relay, me, task_id, epoch, outcome)
 
 
 @endpoint
@@ -232,8 +189,10 @@ async def progress(request: Request) -> Response:
     if not isinstance(event, dict):
         raise ApiError(400, "bad-request", "'body' must be a JSON object")
     await _own_task(relay, me, task_id)
-    outcome = await relay.call(relay.store.progress, task_id, epoch, kind, encode(event))
-    return await _fenced(relay, me, task_id, epoch, "task.progress", outcome, {"kind": kind})
+    outcome = await relay.call(
+        relay.store.progress, task_id, epoch, kind, encode(event), actor=actor(me)
+    )
+    return await _fenced(relay, me, task_id, epoch, outcome)
 
 
 def _check_result(result: Any) -> dict[str, Any]:
@@ -262,10 +221,14 @@ async def complete(request: Request) -> Response:
     input_required = field_bool(body, "input_required", False)
     await _own_task(relay, me, task_id)
     outcome = await relay.call(
-        relay.store.complete, task_id, epoch, encode(result), input_required=input_required
+        relay.store.complete,
+        task_id,
+        epoch,
+        encode(result),
+        input_required=input_required,
+        actor=actor(me),
     )
-    action = "task.input_required" if input_required else "task.complete"
-    return await _fenced(relay, me, task_id, epoch, action, outcome)
+    return await _fenced(relay, me, task_id, epoch, outcome)
 
 
 def backoff(attempt: int) -> float:
@@ -290,11 +253,15 @@ async def fail(request: Request) -> Response:
         else backoff(task.attempt)
     )
     outcome = await relay.call(
-        relay.store.fail, task_id, epoch, error, retryable=retryable, backoff_seconds=delay
+        relay.store.fail,
+        task_id,
+        epoch,
+        error,
+        retryable=retryable,
+        backoff_seconds=delay,
+        actor=actor(me),
     )
-    response = await _fenced(
-        relay, me, task_id, epoch, "task.fail", outcome, {"error": error, "retryable": retryable}
-    )
+    response = await _fenced(relay, me, task_id, epoch, outcome)
     if outcome is Outcome.OK and retryable:
         relay.notifier.publish(receiver_topic(me.workspace, me.subject))
     return response
@@ -309,8 +276,8 @@ async def cancel_ack(request: Request) -> Response:
     body = await read_object(request, relay)
     epoch = field_int(body, "epoch", None, 0, 2**62)
     await _own_task(relay, me, task_id)
-    outcome = await relay.call(relay.store.ack_cancel, task_id, epoch)
-    return await _fenced(relay, me, task_id, epoch, "task.cancel_ack", outcome)
+    outcome = await relay.call(relay.store.ack_cancel, task_id, epoch, actor=actor(me))
+    return await _fenced(relay, me, task_id, epoch, outcome)
 
 
 def routes() -> list[BaseRoute]:

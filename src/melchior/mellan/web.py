@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from melchior.mellan.auth import bearer, hash_token
+from melchior.mellan.notify import audit_topic
 from melchior.mellan.rawjson import Raw, decode, encode
 from melchior.mellan.relay import Relay
 from melchior.mellan.store.base import CredentialKind, Principal, Task, TaskEvent
@@ -307,11 +308,6 @@ def event_view(event: TaskEvent) -> dict[str, Any]:
     }
 
 
-def audit_topic(workspace: str) -> str:
-    """Notifier topic woken whenever this relay appends to a workspace's audit log."""
-    return f"audit:{workspace}"
-
-
 async def record(
     relay: Relay,
     workspace: str,
@@ -323,11 +319,14 @@ async def record(
     reason: str,
     detail: dict[str, Any] | None = None,
 ) -> int:
-    """Append one decision to the audit log and wake ``mellan audit --follow`` readers.
+    """Append one decision that changed nothing in the store (a refusal, or a change the
+    store cannot record itself) to the audit log and wake ``mellan audit --follow``.
 
-    The decision itself was committed before this (the store offers no shared
-    transaction), so if the database drops right now the answer must still tell the
-    truth about the decision: the record goes to the relay log instead and -1 is returned.
+    Queue changes (claim, complete, fail, cancel, lease losses) are *not* recorded here:
+    the store writes their records in the same transaction (``actor=``), so a decision
+    and its record commit together or not at all. For the rest, the decision was
+    committed before this, so if the database drops right now the answer must still tell
+    the truth about the decision: the record goes to the relay log and -1 is returned.
     """
     try:
         seq = await relay.call(

@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import suppress
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from melchior.mellan.store.base import (
     AuditRecord,
     Capability,
     Grant,
+    Outcome,
     Task,
     TaskEvent,
     TaskState,
@@ -147,3 +149,116 @@ def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) ->
     for topic in dict.fromkeys(topics):  # de-duplicated, order kept
         with suppress(Exception):  # a wake-up is only a latency hint
             publish(topic)
+
+
+# -- audit records written inside the queue change's own transaction ----------------------------
+
+
+@dataclass(frozen=True)
+class Note:
+    """One audit record, built here so both backends word their records alike and the
+    backend only has to insert it in the transaction of the change it records."""
+
+    workspace: str
+    actor: str
+    action: str
+    subject: str
+    allowed: bool
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def claim_note(actor: str, task: Task, expires_at: str) -> Note:
+    return Note(
+        task.workspace,
+        actor,
+        "task.claim",
+        task.id,
+        True,
+        "lease",
+        f"{task.receiver} leased attempt {task.attempt} of {task.max_attempts}",
+        {"epoch": task.lease_epoch, "expires_at": expires_at, "owner": task.lease_owner},
+    )
+
+
+def lost_reason(state: str | None, lease_epoch: int | None, epoch: int) -> tuple[str, str]:
+    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence), from the
+    task's ``state`` and ``lease_epoch`` (None for both: the task does not exist)."""
+    if state is None or lease_epoch is None:
+        return "finished", "the task no longer exists"
+    if state == "cancelled":
+        return "cancelled", "the task was cancelled; stop work on it and discard its result"
+    if lease_epoch != epoch:
+        return (
+            "stale-epoch",
+            f"epoch {epoch} is stale: the task was leased again (current epoch "
+            f"{lease_epoch}); another attempt owns it now",
+        )
+    if state != "leased":
+        return "finished", f"the task is already {state}; nothing more is accepted"
+    return "expired", "the lease expired before this request arrived; renew sooner"
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A fenced receiver write being made on behalf of ``actor``: enough to audit it."""
+
+    actor: str
+    action: str  # "task.complete", "task.renew", ...
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def note(
+        self,
+        workspace: str,
+        task_id: str,
+        epoch: int,
+        outcome: Outcome,
+        state: str | None = None,
+        lease_epoch: int | None = None,
+    ) -> Note | None:
+        """The record for ``outcome``, or None when there is nothing to record: an unknown
+        task, or a renewal that held (too frequent to be a decision worth a line)."""
+        if outcome is Outcome.NOT_FOUND:
+            return None
+        if outcome is Outcome.LEASE_LOST:
+            reason, sentence = lost_reason(state, lease_epoch, epoch)
+            return Note(
+                workspace,
+                self.actor,
+                "lease.lost",
+                task_id,
+                False,
+                reason,
+                f"{self.action} refused: {sentence}",
+                {"epoch": epoch, "attempted": self.action},
+            )
+        if self.action == "task.renew":
+            return None
+        return Note(
+            workspace,
+            self.actor,
+            self.action,
+            task_id,
+            True,
+            "lease",
+            f"{self.action} under epoch {epoch}: {outcome.value}",
+            {"epoch": epoch, **self.detail},
+        )
+
+
+def cancel_note(actor: str, rule: str, was: str, task: Task, outcome: Outcome) -> Note | None:
+    """The record of a cancel decided in the store: won (allowed under ``rule``), refused
+    because the task already finished, or None for a repeat of a cancel already recorded."""
+    if outcome is Outcome.OK:
+        revoked = "; the receiver's lease is revoked" if was == "leased" else ""
+        return Note(
+            task.workspace, actor, "task.cancel", task.id, True, rule,
+            f"cancelled while {was}{revoked}",
+        )  # fmt: skip
+    if outcome is Outcome.LEASE_LOST:
+        return Note(
+            task.workspace, actor, "task.cancel", task.id, False, "finished",
+            f"the task is already {task.state.value}; only queued or running tasks cancel",
+        )  # fmt: skip
+    return None

@@ -27,6 +27,18 @@ transaction could not be committed (connection lost, lock wait exhausted). Nothi
 that call was written; the relay answers 503 and the next call tries afresh.
 :class:`NotFoundError` and :class:`Conflict` are refusals of the request itself.
 
+Audit in the same transaction: claim, renew, progress, complete, complete_many, fail,
+ack_cancel and cancel take an optional keyword ``actor`` ("agent:local/codex",
+"owner:alice"). Given one, the store appends the audit record of what the call decided
+(``task.claim`` per lease, ``task.complete``/``task.fail``/…, ``task.cancel`` allowed or
+refused, ``lease.lost`` for a fenced write refused) *inside the same transaction* as the
+queue change, so there is never a decision without its record nor a record of a
+decision that did not happen, and a batch of ten claims costs one commit rather than
+eleven. Lease expiries are always recorded there (actor "relay"). Without ``actor`` no
+record is written (tests, benches, and callers that record by other means). Records are
+built by :mod:`melchior.mellan.store._common` so both backends word them alike, and the
+store wakes ``audit_topic(workspace)`` after the commit.
+
 Cancel of a leased task: the task becomes ``cancelled`` at once (what the caller sees)
 and renew/progress/complete/fail for it answer LEASE_LOST from then on, but the task
 keeps its bound-session slot until the receiver acknowledges (``ack_cancel`` or any
@@ -320,9 +332,13 @@ class Store(Protocol):
         """Newest first; ``after`` is an opaque cursor (a task id) for pagination."""
         ...
 
-    def cancel(self, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+    def cancel(
+        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
+    ) -> tuple[Task | None, Outcome]:
         """Queued → cancelled at once; leased → cancelled with the lease revoked; terminal →
-        (task, DUPLICATE) if already cancelled else (task, LEASE_LOST) meaning not cancelable."""
+        (task, DUPLICATE) if already cancelled else (task, LEASE_LOST) meaning not cancelable.
+        With ``actor``, a won cancel is audited as allowed under ``rule`` and a refused one
+        (LEASE_LOST) as refused, in this transaction."""
         ...
 
     def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent: ...
@@ -338,28 +354,50 @@ class Store(Protocol):
         *,
         limit: int = 1,
         lease_seconds: float = 30.0,
+        actor: str | None = None,
     ) -> list[Lease]:
         """Lease up to ``limit`` runnable tasks for ``receiver``: queued ones whose run_after has
         passed, plus leases that expired (attempt counted here; past max_attempts → failed), never
-        a second task of a session_key that has one leased, never out of session order."""
+        a second task of a session_key that has one leased, never out of session order.
+        With ``actor``, one ``task.claim`` record per lease, in this transaction."""
         ...
 
-    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> Outcome: ...
+    def renew(
+        self,
+        task_id: str,
+        epoch: int,
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> Outcome:
+        """Extend a live lease. With ``actor`` only a refusal is audited (``lease.lost``):
+        renewals are too frequent to be decisions worth a record."""
+        ...
 
-    def progress(self, task_id: str, epoch: int, kind: str, body: str) -> Outcome:
+    def progress(
+        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
+    ) -> Outcome:
         """Record a progress event under a live lease."""
         ...
 
     def complete(
-        self, task_id: str, epoch: int, result: str, *, input_required: bool = False
+        self,
+        task_id: str,
+        epoch: int,
+        result: str,
+        *,
+        input_required: bool = False,
+        actor: str | None = None,
     ) -> Outcome: ...
 
-    def complete_many(self, items: Sequence[tuple[str, int, str]]) -> list[Outcome]:
+    def complete_many(
+        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
+    ) -> list[Outcome]:
         """Record several successes ``(task_id, epoch, result)`` in one transaction (one
         commit, one fsync); outcomes in input order, each as ``complete`` would answer."""
         ...
 
-    def ack_cancel(self, task_id: str, epoch: int) -> Outcome:
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
         """The receiver has stopped a cancelled task: release its session slot. OK the first
         time, DUPLICATE after, LEASE_LOST for another epoch or a task that was not cancelled
         while leased."""
@@ -373,6 +411,7 @@ class Store(Protocol):
         *,
         retryable: bool = True,
         backoff_seconds: float = 1.0,
+        actor: str | None = None,
     ) -> Outcome:
         """Retryable with attempts left → queued again after a backoff; else failed."""
         ...

@@ -27,7 +27,7 @@ from psycopg import errors as pgerr
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from melchior.mellan.notify import receiver_topic, task_topic
+from melchior.mellan.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.store import _common as C
 from melchior.mellan.store import migrations
 from melchior.mellan.store.base import (
@@ -392,11 +392,11 @@ class PostgresStore:
         reason: str,
         detail: dict[str, Any] | None = None,
     ) -> int:
-        return self._write(
-            lambda tx: self._audit(
-                tx, workspace, actor, action, subject, allowed, rule, reason, detail
-            )
-        )
+        def go(tx: _Tx) -> int:
+            tx.topics.append(audit_topic(workspace))
+            return self._audit(tx, workspace, actor, action, subject, allowed, rule, reason, detail)
+
+        return self._write(go)
 
     @staticmethod
     def _audit(
@@ -417,6 +417,16 @@ class PostgresStore:
         )
         assert row is not None
         return int(row["seq"])
+
+    def _note(self, tx: _Tx, note: C.Note | None) -> None:
+        """Write ``note`` in the open transaction: it commits with the change it records."""
+        if note is None:
+            return
+        self._audit(
+            tx, note.workspace, note.actor, note.action, note.subject, note.allowed,
+            note.rule, note.reason, note.detail,
+        )  # fmt: skip
+        tx.topics.append(audit_topic(note.workspace))
 
     def audit_since(
         self, workspace: str, after_seq: int = 0, limit: int = 100
@@ -523,30 +533,43 @@ class PostgresStore:
         params.append(limit)
         return [C.task_from_row(r) for r in self._read(sql, params)]
 
-    def cancel(self, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+    def cancel(
+        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
+    ) -> tuple[Task | None, Outcome]:
         def go(tx: _Tx) -> tuple[Task | None, Outcome]:
-            row = tx.one(
-                "UPDATE task SET state = 'cancelled', updated_at = now(), finished_at = now(),"
-                " lease_expires_at = CASE WHEN state = 'leased' THEN LEAST(lease_expires_at,"
-                "   now() + %(grace)s * interval '1 millisecond') END,"
-                " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
-                " WHERE workspace = %(ws)s AND id = %(id)s"
-                "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
-                {"grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
-            )
-            if row is not None:
-                tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
-                return C.task_from_row(row), Outcome.OK
-            row = tx.one(
-                "SELECT * FROM task WHERE workspace = %s AND id = %s", (workspace, task_id)
-            )
-            if row is None:
-                return None, Outcome.NOT_FOUND
-            task = C.task_from_row(row)
-            dup = task.state is TaskState.CANCELLED
-            return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
+            if actor is None:
+                return self._cancel(tx, workspace, task_id)
+            before = tx.one(
+                "SELECT state FROM task WHERE workspace = %s AND id = %s FOR UPDATE",
+                (workspace, task_id),
+            )  # locked: the state the cancel below acts on
+            task, outcome = self._cancel(tx, workspace, task_id)
+            if task is not None and before is not None:
+                self._note(tx, C.cancel_note(actor, rule, before["state"], task, outcome))
+            return task, outcome
 
         return self._write(go)
+
+    def _cancel(self, tx: _Tx, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+        row = tx.one(
+            "UPDATE task SET state = 'cancelled', updated_at = now(),"
+            " finished_at = now(),"
+            " lease_expires_at = CASE WHEN state = 'leased' THEN LEAST(lease_expires_at,"
+            "   now() + %(grace)s * interval '1 millisecond') END,"
+            " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
+            " WHERE workspace = %(ws)s AND id = %(id)s"
+            "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
+            {"grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
+        )
+        if row is not None:
+            tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+            return C.task_from_row(row), Outcome.OK
+        row = tx.one("SELECT * FROM task WHERE workspace = %s AND id = %s", (workspace, task_id))
+        if row is None:
+            return None, Outcome.NOT_FOUND
+        task = C.task_from_row(row)
+        dup = task.state is TaskState.CANCELLED
+        return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
 
     def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
         def go(tx: _Tx) -> TaskEvent:
@@ -593,7 +616,8 @@ class PostgresStore:
             " error = CASE WHEN t.state = 'leased' THEN 'lease expired' ELSE t.error END,"
             " finished_at = CASE WHEN t.state = 'leased' AND t.attempt >= t.max_attempts"
             "   THEN now() ELSE t.finished_at END,"
-            " run_after = CASE WHEN t.state = 'leased' THEN now() ELSE t.run_after END,"
+            " run_after = CASE WHEN t.state = 'leased' THEN now()"
+            "   ELSE t.run_after END,"
             " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
             " FROM exp WHERE t.seq = exp.seq AND t.lease_expires_at <= now()"
             " RETURNING t.id, t.workspace, t.receiver, t.state, t.attempt, t.max_attempts",
@@ -614,6 +638,7 @@ class PostgresStore:
                     + ("attempts spent, failed" if r["state"] == "failed" else "queued again"),
                     {"attempt": r["attempt"], "max_attempts": r["max_attempts"]},
                 )
+                tx.topics.append(audit_topic(r["workspace"]))
         return len(rows)
 
     def claim(
@@ -624,6 +649,7 @@ class PostgresStore:
         *,
         limit: int = 1,
         lease_seconds: float = 30.0,
+        actor: str | None = None,
     ) -> list[Lease]:
         if limit < 1:
             return []
@@ -642,7 +668,8 @@ class PostgresStore:
                 "         AND h.session_key = t.session_key AND h.lease_expires_at IS NOT NULL)))"
                 "   ORDER BY t.seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
                 " UPDATE task t SET state = 'leased', attempt = t.attempt + 1,"
-                " lease_epoch = t.lease_epoch + 1, lease_owner = %(owner)s, leased_at = now(),"
+                " lease_epoch = t.lease_epoch + 1, lease_owner = %(owner)s,"
+                " leased_at = now(),"
                 " lease_expires_at = now() + %(ttl)s * interval '1 millisecond',"
                 " updated_at = now()"
                 " FROM cand WHERE t.seq = cand.seq AND t.state = 'queued' RETURNING t.*",
@@ -659,20 +686,43 @@ class PostgresStore:
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+                expires = C.iso(r["lease_expires_at"])
+                leases.append(Lease(task, task.lease_epoch, expires))
+                if actor is not None:
+                    self._note(tx, C.claim_note(actor, task, expires))
             return leases
 
         return self._write(go)
 
-    @staticmethod
-    def _why_not(tx: _Tx, task_id: str, epoch: int, done: tuple[str, ...]) -> Outcome:
-        """A fenced write matched nothing: say why, and let a cancelled task's receiver free
-        its session slot with any write that carries the right epoch."""
+    def _why_not(
+        self,
+        tx: _Tx,
+        task_id: str,
+        epoch: int,
+        done: tuple[str, ...],
+        fence: C.Fenced | None = None,
+    ) -> Outcome:
+        """A fenced write matched nothing: say why (and audit it for ``fence``), and let a
+        cancelled task's receiver free its session slot with any write that carries the
+        right epoch."""
         row = tx.one(
             "SELECT workspace, receiver, state, lease_epoch, lease_expires_at FROM task"
             " WHERE id = %s FOR UPDATE",
             (task_id,),
         )
+        outcome = self._refusal(tx, task_id, row, epoch, done)
+        if fence is not None and row is not None:
+            note = fence.note(
+                row["workspace"], task_id, epoch, outcome, row["state"], row["lease_epoch"]
+            )
+            self._note(tx, note)
+        return outcome
+
+    @staticmethod
+    def _refusal(
+        tx: _Tx, task_id: str, row: Row | None, epoch: int, done: tuple[str, ...]
+    ) -> Outcome:
+        """The outcome of a fenced write that matched no live lease, given the task's row."""
         if row is None:
             return Outcome.NOT_FOUND
         if row["lease_epoch"] != epoch:
@@ -681,44 +731,77 @@ class PostgresStore:
             return Outcome.DUPLICATE
         if row["state"] == "cancelled" and row["lease_expires_at"] is not None:
             tx.run(
-                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = now()"
-                " WHERE id = %s",
+                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL,"
+                " updated_at = now() WHERE id = %s",
                 (task_id,),
             )
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
         return Outcome.LEASE_LOST
 
-    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> Outcome:
+    def renew(
+        self,
+        task_id: str,
+        epoch: int,
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> Outcome:
         def go(tx: _Tx) -> Outcome:
             n = tx.run(
-                "UPDATE task SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                "UPDATE task SET"
+                " lease_expires_at = now() + %s * interval '1 millisecond'"
                 " WHERE id = %s AND lease_epoch = %s AND state = 'leased'",
                 (round(lease_seconds * 1000), task_id, epoch),
             )
             if n == 1:
                 return Outcome.OK
-            found = tx.one("SELECT 1 AS x FROM task WHERE id = %s", (task_id,))
-            return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+            return self._not_live(tx, task_id, epoch, actor, "task.renew")
 
         return self._write(go)
 
-    def progress(self, task_id: str, epoch: int, kind: str, body: str) -> Outcome:
+    def _not_live(
+        self, tx: _Tx, task_id: str, epoch: int, actor: str | None, action: str
+    ) -> Outcome:
+        """A renew/progress found no live lease: NOT_FOUND or LEASE_LOST, audited for
+        ``actor``. Unlike :meth:`_why_not` it releases no cancelled slot: these writes
+        do not say the receiver has stopped."""
+        found = tx.one("SELECT workspace, state, lease_epoch FROM task WHERE id = %s", (task_id,))
+        if found is None:
+            return Outcome.NOT_FOUND
+        if actor is not None:
+            fence = C.Fenced(actor, action)
+            note = fence.note(
+                found["workspace"], task_id, epoch, Outcome.LEASE_LOST, found["state"],
+                found["lease_epoch"],
+            )  # fmt: skip
+            self._note(tx, note)
+        return Outcome.LEASE_LOST
+
+    def progress(
+        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
+    ) -> Outcome:
         def go(tx: _Tx) -> Outcome:
             live = tx.one(
-                "SELECT 1 AS x FROM task WHERE id = %s AND lease_epoch = %s AND state = 'leased'"
-                " FOR SHARE",
+                "SELECT workspace FROM task WHERE id = %s AND lease_epoch = %s"
+                " AND state = 'leased' FOR SHARE",
                 (task_id, epoch),
             )
             if live is None:
-                found = tx.one("SELECT 1 AS x FROM task WHERE id = %s", (task_id,))
-                return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+                return self._not_live(tx, task_id, epoch, actor, "task.progress")
             self._event(tx, task_id, kind, body)
+            if actor is not None:
+                fence = C.Fenced(actor, "task.progress", {"kind": kind})
+                self._note(tx, fence.note(live["workspace"], task_id, epoch, Outcome.OK))
             return Outcome.OK
 
         return self._write(go)
 
     def _complete_rows(
-        self, tx: _Tx, items: Sequence[tuple[str, int, str]], state: str
+        self,
+        tx: _Tx,
+        items: Sequence[tuple[str, int, str]],
+        state: str,
+        actor: str | None = None,
     ) -> list[Outcome]:
         """One UPDATE for the whole batch, answering exactly as the items would be one by one:
         per task the first item whose epoch holds the lease wins; the rest are explained
@@ -730,7 +813,8 @@ class PostgresStore:
             "   JOIN task c ON c.id = v.id AND c.lease_epoch = v.ep AND c.state = 'leased'"
             "   ORDER BY v.id, v.n)"
             " UPDATE task t SET state = %s, result = pick.res, lease_owner = NULL,"
-            " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+            " lease_expires_at = NULL, finished_at = now(),"
+            " updated_at = now()"
             " FROM pick WHERE t.id = pick.id AND t.lease_epoch = pick.ep AND t.state = 'leased'"
             " RETURNING t.id, t.workspace, t.receiver, t.session_key, pick.n",
             (
@@ -741,28 +825,42 @@ class PostgresStore:
             ),
         )
         winner = {int(r["n"]) - 1: r for r in rows}
+        action = "task.input_required" if state == "input_required" else "task.complete"
+        fence = None if actor is None else C.Fenced(actor, action)
         outcomes: list[Outcome] = []
         for k, (tid, ep, _) in enumerate(items):
             r = winner.get(k)
             if r is None:
-                outcomes.append(self._why_not(tx, tid, ep, ("succeeded", "input_required")))
+                done = ("succeeded", "input_required")
+                outcomes.append(self._why_not(tx, tid, ep, done, fence))
                 continue
             outcomes.append(Outcome.OK)
+            if fence is not None:
+                self._note(tx, fence.note(r["workspace"], tid, ep, Outcome.OK))
             tx.topics.append(task_topic(tid))
             if r["session_key"] is not None:
                 tx.topics.append(receiver_topic(r["workspace"], r["receiver"]))
         return outcomes
 
     def complete(
-        self, task_id: str, epoch: int, result: str, *, input_required: bool = False
+        self,
+        task_id: str,
+        epoch: int,
+        result: str,
+        *,
+        input_required: bool = False,
+        actor: str | None = None,
     ) -> Outcome:
         state = "input_required" if input_required else "succeeded"
-        return self._write(lambda tx: self._complete_rows(tx, [(task_id, epoch, result)], state))[0]
+        item = [(task_id, epoch, result)]
+        return self._write(lambda tx: self._complete_rows(tx, item, state, actor))[0]
 
-    def complete_many(self, items: Sequence[tuple[str, int, str]]) -> list[Outcome]:
+    def complete_many(
+        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
+    ) -> list[Outcome]:
         if not items:
             return []
-        return self._write(lambda tx: self._complete_rows(tx, items, "succeeded"))
+        return self._write(lambda tx: self._complete_rows(tx, items, "succeeded", actor))
 
     def fail(
         self,
@@ -772,7 +870,14 @@ class PostgresStore:
         *,
         retryable: bool = True,
         backoff_seconds: float = 1.0,
+        actor: str | None = None,
     ) -> Outcome:
+        fence = (
+            None
+            if actor is None
+            else C.Fenced(actor, "task.fail", {"error": error, "retryable": retryable})
+        )
+
         def go(tx: _Tx) -> Outcome:
             row = tx.one(
                 "UPDATE task SET"
@@ -780,7 +885,8 @@ class PostgresStore:
                 "   ELSE 'failed' END,"
                 " finished_at = CASE WHEN %(retry)s AND attempt < max_attempts THEN NULL"
                 "   ELSE now() END,"
-                " run_after = now() + %(backoff)s * interval '1 millisecond', error = %(err)s,"
+                " run_after = now() + %(backoff)s * interval '1 millisecond',"
+                " error = %(err)s,"
                 " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
                 " WHERE id = %(id)s AND lease_epoch = %(ep)s AND state = 'leased'"
                 " RETURNING workspace, receiver",
@@ -793,16 +899,21 @@ class PostgresStore:
                 },
             )
             if row is None:
-                return self._why_not(tx, task_id, epoch, ("queued", "failed"))
+                return self._why_not(tx, task_id, epoch, ("queued", "failed"), fence)
+            if fence is not None:
+                self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
             return Outcome.OK
 
         return self._write(go)
 
-    def ack_cancel(self, task_id: str, epoch: int) -> Outcome:
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
+        fence = None if actor is None else C.Fenced(actor, "task.cancel_ack")
+
         def go(tx: _Tx) -> Outcome:
             row = tx.one(
-                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = now()"
+                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL,"
+                " updated_at = now()"
                 " WHERE id = %s AND lease_epoch = %s AND state = 'cancelled'"
                 " AND lease_expires_at IS NOT NULL RETURNING workspace, receiver",
                 (task_id, epoch),
@@ -812,8 +923,10 @@ class PostgresStore:
                     receiver_topic(row["workspace"], row["receiver"]),
                     task_topic(task_id),
                 ]
+                if fence is not None:
+                    self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
                 return Outcome.OK
-            return self._why_not(tx, task_id, epoch, ("cancelled",))
+            return self._why_not(tx, task_id, epoch, ("cancelled",), fence)
 
         return self._write(go)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from melchior.mellan.notify import receiver_topic, task_topic
+from melchior.mellan.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.store import _common as C
 from melchior.mellan.store import migrations
 from melchior.mellan.store.base import (
@@ -519,6 +519,7 @@ class SQLiteStore:
         detail: dict[str, Any] | None = None,
     ) -> int:
         with self._write() as tx:
+            tx.topics.append(audit_topic(workspace))
             return self._audit(tx, workspace, actor, action, subject, allowed, rule, reason, detail)
 
     @staticmethod
@@ -549,6 +550,16 @@ class SQLiteStore:
             ),
         )
         return int(cur.lastrowid or 0)
+
+    def _note(self, tx: _Tx, note: C.Note | None) -> None:
+        """Write ``note`` in the open transaction: it commits with the change it records."""
+        if note is None:
+            return
+        self._audit(
+            tx, note.workspace, note.actor, note.action, note.subject, note.allowed,
+            note.rule, note.reason, note.detail,
+        )  # fmt: skip
+        tx.topics.append(audit_topic(note.workspace))
 
     def audit_since(
         self, workspace: str, after_seq: int = 0, limit: int = 100
@@ -642,26 +653,39 @@ class SQLiteStore:
         params.append(limit)
         return [C.task_from_row(r) for r in self._read(sql, params)]
 
-    def cancel(self, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+    def cancel(
+        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
+    ) -> tuple[Task | None, Outcome]:
         with self._write() as tx:
-            row = tx.one(
-                "UPDATE task SET state = 'cancelled', updated_at = :now, finished_at = :now,"
-                " lease_expires_at = CASE WHEN state = 'leased'"
-                "   THEN MIN(lease_expires_at, :now + :grace) END,"
-                " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
-                " WHERE workspace = :ws AND id = :id"
-                "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
-                {"now": tx.now, "grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
-            )
-            if row is not None:
-                tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
-                return C.task_from_row(row), Outcome.OK
-            row = tx.one("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
-            if row is None:
-                return None, Outcome.NOT_FOUND
-            task = C.task_from_row(row)
-            dup = task.state is TaskState.CANCELLED
-            return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
+            if actor is None:
+                return self._cancel(tx, workspace, task_id)
+            before = tx.one(
+                "SELECT state FROM task WHERE workspace = ? AND id = ?", (workspace, task_id)
+            )  # under the write lock: the state the cancel below acts on
+            task, outcome = self._cancel(tx, workspace, task_id)
+            if task is not None and before is not None:
+                self._note(tx, C.cancel_note(actor, rule, before["state"], task, outcome))
+            return task, outcome
+
+    def _cancel(self, tx: _Tx, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
+        row = tx.one(
+            "UPDATE task SET state = 'cancelled', updated_at = :now, finished_at = :now,"
+            " lease_expires_at = CASE WHEN state = 'leased'"
+            "   THEN MIN(lease_expires_at, :now + :grace) END,"
+            " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
+            " WHERE workspace = :ws AND id = :id"
+            "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
+            {"now": tx.now, "grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
+        )
+        if row is not None:
+            tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+            return C.task_from_row(row), Outcome.OK
+        row = tx.one("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
+        if row is None:
+            return None, Outcome.NOT_FOUND
+        task = C.task_from_row(row)
+        dup = task.state is TaskState.CANCELLED
+        return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
 
     def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
         with self._write() as tx:
@@ -725,6 +749,7 @@ class SQLiteStore:
                     + ("attempts spent, failed" if r["state"] == "failed" else "queued again"),
                     {"attempt": r["attempt"], "max_attempts": r["max_attempts"]},
                 )
+                tx.topics.append(audit_topic(r["workspace"]))
         return len(rows)
 
     def claim(
@@ -735,6 +760,7 @@ class SQLiteStore:
         *,
         limit: int = 1,
         lease_seconds: float = 30.0,
+        actor: str | None = None,
     ) -> list[Lease]:
         if limit < 1:
             return []
@@ -769,15 +795,39 @@ class SQLiteStore:
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+                expires = C.iso(r["lease_expires_at"])
+                leases.append(Lease(task, task.lease_epoch, expires))
+                if actor is not None:
+                    self._note(tx, C.claim_note(actor, task, expires))
             return leases
 
-    def _why_not(self, tx: _Tx, task_id: str, epoch: int, done: tuple[str, ...]) -> Outcome:
-        """A fenced write matched nothing: say why, and let a cancelled task's receiver free
-        its session slot with any write that carries the right epoch."""
+    def _why_not(
+        self,
+        tx: _Tx,
+        task_id: str,
+        epoch: int,
+        done: tuple[str, ...],
+        fence: C.Fenced | None = None,
+    ) -> Outcome:
+        """A fenced write matched nothing: say why (and audit it for ``fence``), and let a
+        cancelled task's receiver free its session slot with any write that carries the
+        right epoch."""
         row = tx.one("SELECT * FROM task WHERE id = ?", (task_id,))
+        outcome = self._refusal(tx, row, epoch, done)
+        if fence is not None and row is not None:
+            note = fence.note(
+                row["workspace"], task_id, epoch, outcome, row["state"], row["lease_epoch"]
+            )
+            self._note(tx, note)
+        return outcome
+
+    def _refusal(
+        self, tx: _Tx, row: sqlite3.Row | None, epoch: int, done: tuple[str, ...]
+    ) -> Outcome:
+        """The outcome of a fenced write that matched no live lease, given the task's row."""
         if row is None:
             return Outcome.NOT_FOUND
+        task_id = row["id"]
         if row["lease_epoch"] != epoch:
             return Outcome.LEASE_LOST
         if row["state"] in done:
@@ -791,7 +841,14 @@ class SQLiteStore:
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
         return Outcome.LEASE_LOST
 
-    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> Outcome:
+    def renew(
+        self,
+        task_id: str,
+        epoch: int,
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> Outcome:
         with self._write() as tx:
             row = tx.one(
                 "UPDATE task SET lease_expires_at = :now + :ttl"
@@ -800,22 +857,53 @@ class SQLiteStore:
             )
             if row is not None:
                 return Outcome.OK
-            found = tx.one("SELECT lease_epoch FROM task WHERE id = ?", (task_id,))
-            return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+            return self._not_live(tx, task_id, epoch, actor, "task.renew")
 
-    def progress(self, task_id: str, epoch: int, kind: str, body: str) -> Outcome:
+    def _not_live(
+        self, tx: _Tx, task_id: str, epoch: int, actor: str | None, action: str
+    ) -> Outcome:
+        """A renew/progress found no live lease: NOT_FOUND or LEASE_LOST, audited for
+        ``actor``. Unlike :meth:`_why_not` it releases no cancelled slot: these writes
+        do not say the receiver has stopped."""
+        found = tx.one("SELECT workspace, state, lease_epoch FROM task WHERE id = ?", (task_id,))
+        if found is None:
+            return Outcome.NOT_FOUND
+        if actor is not None:
+            fence = C.Fenced(actor, action)
+            note = fence.note(
+                found["workspace"], task_id, epoch, Outcome.LEASE_LOST, found["state"],
+                found["lease_epoch"],
+            )  # fmt: skip
+            self._note(tx, note)
+        return Outcome.LEASE_LOST
+
+    def progress(
+        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
+    ) -> Outcome:
         with self._write() as tx:
             live = tx.one(
-                "SELECT 1 FROM task WHERE id = ? AND lease_epoch = ? AND state = 'leased'",
+                "SELECT workspace FROM task WHERE id = ? AND lease_epoch = ? AND state = 'leased'",
                 (task_id, epoch),
             )
             if live is None:
-                found = tx.one("SELECT 1 FROM task WHERE id = ?", (task_id,))
-                return Outcome.NOT_FOUND if found is None else Outcome.LEASE_LOST
+                return self._not_live(tx, task_id, epoch, actor, "task.progress")
             self._event(tx, task_id, kind, body)
+            if actor is not None:
+                fence = C.Fenced(actor, "task.progress", {"kind": kind})
+                self._note(tx, fence.note(live["workspace"], task_id, epoch, Outcome.OK))
             return Outcome.OK
 
-    def _complete(self, tx: _Tx, task_id: str, epoch: int, result: str, state: str) -> Outcome:
+    def _complete(
+        self,
+        tx: _Tx,
+        task_id: str,
+        epoch: int,
+        result: str,
+        state: str,
+        actor: str | None = None,
+    ) -> Outcome:
+        action = "task.input_required" if state == "input_required" else "task.complete"
+        fence = None if actor is None else C.Fenced(actor, action)
         row = tx.one(
             "UPDATE task SET state = :st, result = :res, lease_owner = NULL,"
             " lease_expires_at = NULL, finished_at = :now, updated_at = :now"
@@ -824,24 +912,34 @@ class SQLiteStore:
             {"st": state, "res": result, "now": tx.now, "id": task_id, "ep": epoch},
         )
         if row is None:
-            return self._why_not(tx, task_id, epoch, ("succeeded", "input_required"))
+            return self._why_not(tx, task_id, epoch, ("succeeded", "input_required"), fence)
+        if fence is not None:
+            self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
         tx.topics.append(task_topic(task_id))
         if row["session_key"] is not None:  # the session's next task may be claimable now
             tx.topics.append(receiver_topic(row["workspace"], row["receiver"]))
         return Outcome.OK
 
     def complete(
-        self, task_id: str, epoch: int, result: str, *, input_required: bool = False
+        self,
+        task_id: str,
+        epoch: int,
+        result: str,
+        *,
+        input_required: bool = False,
+        actor: str | None = None,
     ) -> Outcome:
         state = "input_required" if input_required else "succeeded"
         with self._write() as tx:
-            return self._complete(tx, task_id, epoch, result, state)
+            return self._complete(tx, task_id, epoch, result, state, actor)
 
-    def complete_many(self, items: Sequence[tuple[str, int, str]]) -> list[Outcome]:
+    def complete_many(
+        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
+    ) -> list[Outcome]:
         if not items:
             return []
         with self._write() as tx:
-            return [self._complete(tx, tid, ep, res, "succeeded") for tid, ep, res in items]
+            return [self._complete(tx, tid, ep, res, "succeeded", actor) for tid, ep, res in items]
 
     def fail(
         self,
@@ -851,7 +949,13 @@ class SQLiteStore:
         *,
         retryable: bool = True,
         backoff_seconds: float = 1.0,
+        actor: str | None = None,
     ) -> Outcome:
+        fence = (
+            None
+            if actor is None
+            else C.Fenced(actor, "task.fail", {"error": error, "retryable": retryable})
+        )
         with self._write() as tx:
             row = tx.one(
                 "UPDATE task SET"
@@ -873,11 +977,14 @@ class SQLiteStore:
                 },
             )
             if row is None:
-                return self._why_not(tx, task_id, epoch, ("queued", "failed"))
+                return self._why_not(tx, task_id, epoch, ("queued", "failed"), fence)
+            if fence is not None:
+                self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
             return Outcome.OK
 
-    def ack_cancel(self, task_id: str, epoch: int) -> Outcome:
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
+        fence = None if actor is None else C.Fenced(actor, "task.cancel_ack")
         with self._write() as tx:
             row = tx.one(
                 "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = ?"
@@ -890,8 +997,10 @@ class SQLiteStore:
                     receiver_topic(row["workspace"], row["receiver"]),
                     task_topic(task_id),
                 ]
+                if fence is not None:
+                    self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
                 return Outcome.OK
-            return self._why_not(tx, task_id, epoch, ("cancelled",))
+            return self._why_not(tx, task_id, epoch, ("cancelled",), fence)
 
     def sweep(self) -> int:
         with self._write() as tx:
