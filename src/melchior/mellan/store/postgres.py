@@ -6,7 +6,11 @@ Why it holds the queue rules with many replicas at once:
 - the partial unique index ``task_session_slot`` makes a second live task of a bound
   session impossible even if the head-of-session rule ever raced; a claim that hits
   it (a commit-order race) is simply retried;
-- every lease sum uses the server's ``now()``, so replica clock skew cannot matter;
+- every lease sum uses the server's clock, so replica clock skew cannot matter; queue
+  statements read it with ``statement_timestamp()`` rather than ``now()`` (the
+  *transaction's* start), so a task's stamps follow the order in which its changes
+  became visible: a claim whose transaction began before the session head's completion
+  committed, but whose claiming statement saw that commit, is stamped after it;
 - the sweeper also uses ``SKIP LOCKED``: every replica may run it, none double-works.
 
 Connections come from a small ``psycopg_pool`` pool; each method is one transaction.
@@ -552,10 +556,10 @@ class PostgresStore:
 
     def _cancel(self, tx: _Tx, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
         row = tx.one(
-            "UPDATE task SET state = 'cancelled', updated_at = now(),"
-            " finished_at = now(),"
+            "UPDATE task SET state = 'cancelled', updated_at = statement_timestamp(),"
+            " finished_at = statement_timestamp(),"
             " lease_expires_at = CASE WHEN state = 'leased' THEN LEAST(lease_expires_at,"
-            "   now() + %(grace)s * interval '1 millisecond') END,"
+            "   statement_timestamp() + %(grace)s * interval '1 millisecond') END,"
             " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
             " WHERE workspace = %(ws)s AND id = %(id)s"
             "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
@@ -600,7 +604,7 @@ class PostgresStore:
     def _settle_expired(self, tx: _Tx, workspace: str | None, receiver: str | None) -> int:
         """Expired holds: leased → queued (epoch bumped) or failed when attempts are spent;
         cancelled-in-grace → slot released. Rows another replica is settling are skipped."""
-        where = "lease_expires_at <= now()"
+        where = "lease_expires_at <= statement_timestamp()"
         params: dict[str, Any] = {}
         if workspace is not None:
             where += " AND workspace = %(ws)s AND receiver = %(rcv)s"
@@ -615,11 +619,11 @@ class PostgresStore:
             "   ELSE t.lease_epoch END,"
             " error = CASE WHEN t.state = 'leased' THEN 'lease expired' ELSE t.error END,"
             " finished_at = CASE WHEN t.state = 'leased' AND t.attempt >= t.max_attempts"
-            "   THEN now() ELSE t.finished_at END,"
-            " run_after = CASE WHEN t.state = 'leased' THEN now()"
+            "   THEN statement_timestamp() ELSE t.finished_at END,"
+            " run_after = CASE WHEN t.state = 'leased' THEN statement_timestamp()"
             "   ELSE t.run_after END,"
-            " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
-            " FROM exp WHERE t.seq = exp.seq AND t.lease_expires_at <= now()"
+            " lease_owner = NULL, lease_expires_at = NULL, updated_at = statement_timestamp()"
+            " FROM exp WHERE t.seq = exp.seq AND t.lease_expires_at <= statement_timestamp()"
             " RETURNING t.id, t.workspace, t.receiver, t.state, t.attempt, t.max_attempts",
             params,
         )
@@ -659,7 +663,7 @@ class PostgresStore:
             rows = tx.all(
                 "WITH cand AS MATERIALIZED (SELECT t.seq FROM task t"
                 "   WHERE t.workspace = %(ws)s AND t.receiver = %(rcv)s AND t.state = 'queued'"
-                "     AND t.run_after <= now()"
+                "     AND t.run_after <= statement_timestamp()"
                 "     AND (t.session_key IS NULL OR ("
                 "       NOT EXISTS (SELECT 1 FROM task o WHERE o.workspace = t.workspace"
                 "         AND o.session_key = t.session_key AND o.state IN ('queued', 'leased')"
@@ -669,9 +673,9 @@ class PostgresStore:
                 "   ORDER BY t.seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
                 " UPDATE task t SET state = 'leased', attempt = t.attempt + 1,"
                 " lease_epoch = t.lease_epoch + 1, lease_owner = %(owner)s,"
-                " leased_at = now(),"
-                " lease_expires_at = now() + %(ttl)s * interval '1 millisecond',"
-                " updated_at = now()"
+                " leased_at = statement_timestamp(),"
+                " lease_expires_at = statement_timestamp() + %(ttl)s * interval '1 millisecond',"
+                " updated_at = statement_timestamp()"
                 " FROM cand WHERE t.seq = cand.seq AND t.state = 'queued' RETURNING t.*",
                 {
                     "owner": owner,
@@ -732,7 +736,7 @@ class PostgresStore:
         if row["state"] == "cancelled" and row["lease_expires_at"] is not None:
             tx.run(
                 "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL,"
-                " updated_at = now() WHERE id = %s",
+                " updated_at = statement_timestamp() WHERE id = %s",
                 (task_id,),
             )
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
@@ -749,7 +753,7 @@ class PostgresStore:
         def go(tx: _Tx) -> Outcome:
             n = tx.run(
                 "UPDATE task SET"
-                " lease_expires_at = now() + %s * interval '1 millisecond'"
+                " lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'"
                 " WHERE id = %s AND lease_epoch = %s AND state = 'leased'",
                 (round(lease_seconds * 1000), task_id, epoch),
             )
@@ -813,8 +817,8 @@ class PostgresStore:
             "   JOIN task c ON c.id = v.id AND c.lease_epoch = v.ep AND c.state = 'leased'"
             "   ORDER BY v.id, v.n)"
             " UPDATE task t SET state = %s, result = pick.res, lease_owner = NULL,"
-            " lease_expires_at = NULL, finished_at = now(),"
-            " updated_at = now()"
+            " lease_expires_at = NULL, finished_at = statement_timestamp(),"
+            " updated_at = statement_timestamp()"
             " FROM pick WHERE t.id = pick.id AND t.lease_epoch = pick.ep AND t.state = 'leased'"
             " RETURNING t.id, t.workspace, t.receiver, t.session_key, pick.n",
             (
@@ -884,10 +888,10 @@ class PostgresStore:
                 " state = CASE WHEN %(retry)s AND attempt < max_attempts THEN 'queued'"
                 "   ELSE 'failed' END,"
                 " finished_at = CASE WHEN %(retry)s AND attempt < max_attempts THEN NULL"
-                "   ELSE now() END,"
-                " run_after = now() + %(backoff)s * interval '1 millisecond',"
+                "   ELSE statement_timestamp() END,"
+                " run_after = statement_timestamp() + %(backoff)s * interval '1 millisecond',"
                 " error = %(err)s,"
-                " lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                " lease_owner = NULL, lease_expires_at = NULL, updated_at = statement_timestamp()"
                 " WHERE id = %(id)s AND lease_epoch = %(ep)s AND state = 'leased'"
                 " RETURNING workspace, receiver",
                 {
@@ -913,7 +917,7 @@ class PostgresStore:
         def go(tx: _Tx) -> Outcome:
             row = tx.one(
                 "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL,"
-                " updated_at = now()"
+                " updated_at = statement_timestamp()"
                 " WHERE id = %s AND lease_epoch = %s AND state = 'cancelled'"
                 " AND lease_expires_at IS NOT NULL RETURNING workspace, receiver",
                 (task_id, epoch),
@@ -938,7 +942,7 @@ class PostgresStore:
         """Make leases (all, or these) expire now, without waiting out a TTL. For tests and
         drills; the next claim or sweep settles them exactly as a real expiry."""
         sql = (
-            "UPDATE task SET lease_expires_at = now() - interval '1 millisecond'"
+            "UPDATE task SET lease_expires_at = statement_timestamp() - interval '1 millisecond'"
             " WHERE lease_expires_at IS NOT NULL"
         )
         if task_ids is None:
