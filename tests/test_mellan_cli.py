@@ -121,7 +121,8 @@ def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path
                      "task.cancel", "grant.revoke"):  # fmt: skip
         assert expected in actions
     assert any(not r["allowed"] for r in records)
-    assert "REFUSE" in owner("audit")
+    audit_table = owner("audit")
+    assert "REFUSE" in audit_table and "DECISION" in audit_table.splitlines()[0]
 
     # revoke the agent's credential: refused from then on, with the reason
     owner("credential", "revoke", stored["credential_id"])

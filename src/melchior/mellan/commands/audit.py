@@ -44,7 +44,7 @@ def _row(r: dict[str, Any]) -> list[Any]:
     ]
 
 
-HEADERS = ["seq", "at", "actor", "action", "subject", "", "why"]
+HEADERS = ["seq", "at", "actor", "action", "subject", "decision", "why"]
 
 
 @guarded
