@@ -83,6 +83,8 @@ def test_unknown_verb_and_missing_args_are_json_refusals(harness: Harness) -> No
     assert r.rc == 2 and "--verb" in r.error["reason"]
     r = harness.tool("--verb=tell", "--who=alpha-beta", "--message=hi", "--chain=[1]")
     assert r.rc == 2 and "not a chain" in r.error["reason"]
+    r = harness.tool("--verb=tell", "--who=alpha-beta", "--message=hi", "--sort=loud")
+    assert r.rc == 2 and r.error["code"] == "bad-args" and "attention, note" in r.error["reason"]
 
 
 def test_unknown_recipient_is_an_error_never_a_success(harness: Harness) -> None:

@@ -292,9 +292,18 @@ def verb_status(ctx: Context, req: Request) -> list[Any]:
     return ctx.call(who, "status", [])
 
 
+TELL_SORTS = next(p.enum for p in BY_NAME["tell"].optional if p.name == "sort")
+
+
 def verb_tell(ctx: Context, req: Request) -> list[Any]:
     if req.message is None:
         raise Usage("'tell' needs --message=<text>")
+    if req.sort is not None and req.sort not in TELL_SORTS:
+        # Malformed, so exit 2 before anything is sent (the recipient would refuse it too).
+        raise Usage(
+            f"--sort={req.sort!r} is not one of {', '.join(TELL_SORTS)}; questions go "
+            "through 'ask' and reports through 'report'"
+        )
     chain = ctx.chain(req.chain)
     who = ctx.reach(req.who, verb="tell")
     args: list[Any] = [req.message, req.sort or "attention"]
