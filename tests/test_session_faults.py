@@ -86,6 +86,31 @@ def test_sweep_waits_once_and_keeps_a_socket_that_starts_listening(tmp_path: Pat
             s.close()
 
 
+def test_a_full_backlog_is_busy_not_dead(tmp_path: Path) -> None:
+    """A listener that is not accepting fills up; EAGAIN must not read as dead (A3)."""
+    path = tmp_path / "alpha-beta"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(os.fspath(path))
+    server.listen(0)
+    waiting: list[socket.socket] = []
+    try:
+        while True:  # fill the backlog until the kernel says "try again"
+            c = socket.socket(socket.AF_UNIX)
+            c.setblocking(False)
+            waiting.append(c)
+            try:
+                c.connect(os.fspath(path))
+            except BlockingIOError:
+                break
+        assert probe(path, pause=lambda: None) == "live"
+        assert sweep({"busy": path}, pause=lambda: None) == {"busy"}
+        assert path.exists()
+    finally:
+        for c in waiting:
+            c.close()
+        server.close()
+
+
 def test_a_server_between_bind_and_listen_is_not_mistaken_for_dead(tmp_path: Path) -> None:
     path = tmp_path / "alpha-beta"
     s = socket.socket(socket.AF_UNIX)

@@ -25,6 +25,7 @@ def test_a_root_session_listens_answers_and_leaves_nothing_behind(harness: Harne
     assert root.at == harness.registry / root.id
     st = os.lstat(root.at)
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    assert st.st_mode & stat.S_ISVTX  # sticky: exempt from the runtime dir's clean-up
     status = root.tool("--verb=status").one
     assert status == {
         "id": root.id,
@@ -116,6 +117,26 @@ def test_bad_lines_on_the_pipe_are_skipped_not_fatal(harness: Harness) -> None:
             break
     else:
         raise AssertionError("serve stopped reading its pipe after bad lines")
+
+
+def test_pipe_lines_past_asyncio_s_64_kib_default_are_read(harness: Harness) -> None:
+    """asyncio's StreamReader gives up on lines over 64 KiB unless told otherwise (A3)."""
+    root = harness.start()
+    root.doing(busy=True, working_for=7, waiting=0, detail="x" * 200_000)
+    for _ in range(200):
+        if root.tool("--verb=status").one["working_for"] == 7:
+            break
+    else:
+        raise AssertionError("a 200 KB doing line was not read")
+    assert root.proc.stdin is not None
+    root.proc.stdin.write(b'{"event":"doing","pad":"' + b"y" * (3 << 20) + b'"}\n')
+    root.proc.stdin.flush()  # over the pipe's 1 MiB line cap: skipped, not fatal
+    root.doing(busy=False, working_for=8, waiting=0)
+    for _ in range(200):
+        if root.tool("--verb=status").one["working_for"] == 8:
+            break
+    else:
+        raise AssertionError("serve stopped reading its pipe after an oversized line")
 
 
 def test_sigterm_cleans_up_like_a_closed_pipe(harness: Harness) -> None:

@@ -201,6 +201,9 @@ def probe(path: Path, *, pause: Callable[[], None] | None = None) -> Liveness:
         return "gone"
     for attempt in range(2):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Non-blocking: a full backlog answers EAGAIN at once (busy, so live) instead of
+        # holding a blocking connect until the peer gets round to accepting.
+        s.setblocking(False)
         try:
             s.connect(os.fspath(path))
             return "live"
@@ -262,9 +265,12 @@ def sweep(paths: Mapping[str, Path], *, pause: Callable[[], None] | None = None)
 
 def _connects(path: Path) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
     try:
         s.connect(os.fspath(path))
         return True
+    except BlockingIOError:
+        return True  # a full backlog: busy, not dead
     except OSError:
         return False
     finally:
