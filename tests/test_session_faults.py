@@ -313,13 +313,32 @@ def test_a_peer_of_another_uid_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     assert b"other-uid" in got
 
 
-def test_the_client_refuses_a_server_of_another_uid(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from melchior.session import client
+@pytest.mark.skipif(os.getuid() != 0, reason="a real second uid needs root to switch to")
+def test_the_client_refuses_a_server_of_another_uid() -> None:
+    """A socket served by another user (here: nobody, for real) is never called."""
+    import tempfile
 
-    root = harness.start()
-    monkeypatch.setattr(client, "peer_uid", lambda _sock: os.getuid() + 1)
-    with pytest.raises(Unreachable) as exc:
-        connect(root.at, who=root.id)
-    assert exc.value.code == "other-uid"
+    d = Path(tempfile.mkdtemp(prefix="mu-", dir="/tmp"))
+    d.chmod(0o777)  # nobody may bind here; only the credential check stands in the way
+    path = d / "alpha-beta"
+    code = (
+        "import os,socket,sys\n"
+        "os.setgid(65534); os.setuid(65534); os.umask(0)\n"
+        "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4)\n"
+        "print('ready', flush=True)\n"
+        "c,_=s.accept(); sys.stdout.write(repr(c.recv(100))+'\\n'); sys.stdout.flush()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, os.fspath(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        with pytest.raises(Unreachable) as exc:
+            connect(path, who="alpha-beta")
+        assert exc.value.code == "other-uid"
+        proc.wait(timeout=WAIT)
+        assert proc.stdout.read() == "b''\n"  # closed before a byte was sent
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(d)
