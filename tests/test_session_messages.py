@@ -207,8 +207,10 @@ def test_only_the_minter_can_end_a_child(harness: Harness) -> None:
     sibling = root.spawn()
     r = sibling.tool("--verb=end", f"--who={child.id}")
     assert r.rc == 1 and "only the session that minted" in r.error["reason"]
-    with pytest.raises(Refused, match=r"not .* token"):
+    assert (r.error["rule"], r.error["receipt"]) == ("minter-ends", "refused")
+    with pytest.raises(Refused, match=r"not .* token") as exc:
         call_once(child.at, "end", ["guess"], sender=sibling.id, who=child.id)
+    assert exc.value.detail == {"rule": "token", "receipt": "refused"}
     ok = root.tool("--verb=end", f"--who={child.id}").one
     assert ok == {"ending": True, "who": child.id}
     assert child.next_event("end")["who"] == f"demo/main/{root.id}"

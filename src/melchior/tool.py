@@ -332,7 +332,7 @@ def verb_answer(ctx: Context, req: Request) -> list[Any]:
         raise Refused(
             f"{req.about} was asked of {callee}, not of you ({me.id}); only {callee} can answer",
             "refused",
-            {"receipt": "refused"},
+            {"rule": "callee-answers", "receipt": "refused"},
         )
     known = ctx.call(me.id, "task", [req.about])
     asked = known[0] if known and isinstance(known[0], dict) else {}
@@ -445,7 +445,7 @@ def verb_end(ctx: Context, req: Request) -> list[Any]:
             f"you ({me.id}) did not start {req.who}; only the session that minted a child "
             "with 'melchior fork' can end it",
             "refused",
-            {"receipt": "refused"},
+            {"rule": "minter-ends", "receipt": "refused"},
         )
     who = ctx.reach(req.who, verb="end")
     result = ctx.call(who, "end", [minted.token])

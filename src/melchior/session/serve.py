@@ -398,10 +398,14 @@ class Serve:
             raise Refused(
                 f"only {callee} can answer {about}; you are {caller.id}",
                 "refused",
-                {"receipt": "refused"},
+                {"rule": "callee-answers", "receipt": "refused"},
             )
         if about in self.state.answers:
-            raise Refused(f"{about} is already answered", "refused", {"receipt": "refused"})
+            raise Refused(
+                f"{about} is already answered",
+                "refused",
+                {"rule": "answered-once", "receipt": "refused"},
+            )
         extra = self._chain(msg, caller).as_dict() if "chain" in msg else {}
         self.state.answers[about] = {"who": self._address(caller), "text": text}
         await self._deliver(caller, "answer", text, about=about, **extra)
@@ -433,7 +437,7 @@ class Serve:
             raise Refused(
                 f"{caller.id} is not a child of {self.me.id}; only children report to a parent",
                 "refused",
-                {"receipt": "refused"},
+                {"rule": "children-report", "receipt": "refused"},
             )
         text = (
             f"{caller.id} stored report revision {revision}; read it with "
@@ -449,11 +453,13 @@ class Serve:
             raise Refused(
                 f"{self.me.id} was not started by 'melchior fork'; only its harness can end it",
                 "refused",
+                {"rule": "token", "receipt": "refused"},
             )
         if not isinstance(token, str) or not same_secret(token, self.me.token):
             raise Refused(
                 f"that is not {self.me.id}'s token; only the session that minted it can end it",
                 "refused",
+                {"rule": "token", "receipt": "refused"},
             )
         self.ended_by = self._address(caller)
         asyncio.get_running_loop().call_soon(self.done.set)
