@@ -184,3 +184,32 @@ def test_pg_connection_cut_before_commit_leaves_neither_claim_nor_record(pg_url:
         assert _actions(s) == [("task.claim", t.id, True)] and lease.task.attempt == 1
     finally:
         s.close()
+
+
+def test_batched_claim_and_complete_many_record_every_item(store: Store) -> None:
+    """The batch paths write their records in one statement; each item still gets its
+    own record, worded as the single call would."""
+    for i in range(3):
+        store.enqueue(new_task(message_id=f"b{i}"))
+    a, b, c = store.claim(WS, RECEIVER, "w", limit=3, actor=ME)
+    out = store.complete_many(
+        [
+            (a.task.id, a.epoch, "{}"),
+            (a.task.id, a.epoch, "{}"),  # the same item twice: duplicate
+            (b.task.id, b.epoch + 5, "{}"),  # stale epoch: lease lost
+            (c.task.id, c.epoch, "{}"),
+        ],
+        actor=ME,
+    )
+    assert out == [Outcome.OK, Outcome.DUPLICATE, Outcome.LEASE_LOST, Outcome.OK]
+    recs = store.audit_since(WS)
+    assert sorted((r.action, r.subject, r.allowed) for r in recs) == sorted(
+        [("task.claim", x.task.id, True) for x in (a, b, c)]
+        + [("task.complete", a.task.id, True)] * 2
+        + [("lease.lost", b.task.id, False), ("task.complete", c.task.id, True)]
+    )
+    assert {r.reason for r in recs if r.action == "task.complete"} == {
+        f"task.complete under epoch {a.epoch}: ok",
+        f"task.complete under epoch {a.epoch}: duplicate",
+        f"task.complete under epoch {c.epoch}: ok",
+    }

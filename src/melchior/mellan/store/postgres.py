@@ -424,13 +424,26 @@ class PostgresStore:
 
     def _note(self, tx: _Tx, note: C.Note | None) -> None:
         """Write ``note`` in the open transaction: it commits with the change it records."""
-        if note is None:
+        self._notes(tx, [note])
+
+    @staticmethod
+    def _notes(tx: _Tx, notes: Sequence[C.Note | None]) -> None:
+        """Write several records in one multi-row INSERT: one round trip for a claim of
+        50, not 50."""
+        rows = [n for n in notes if n is not None]
+        if not rows:
             return
-        self._audit(
-            tx, note.workspace, note.actor, note.action, note.subject, note.allowed,
-            note.rule, note.reason, note.detail,
-        )  # fmt: skip
-        tx.topics.append(audit_topic(note.workspace))
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+        params: list[Any] = []
+        for n in rows:
+            params += [n.workspace, n.actor, n.action, n.subject, n.allowed, n.rule, n.reason,
+                       json.dumps(n.detail)]  # fmt: skip
+        tx.run(
+            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail)"
+            f" VALUES {values}",
+            params,
+        )
+        tx.topics += [audit_topic(w) for w in dict.fromkeys(n.workspace for n in rows)]
 
     def audit_since(
         self, workspace: str, after_seq: int = 0, limit: int = 100
@@ -690,10 +703,9 @@ class PostgresStore:
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                expires = C.iso(r["lease_expires_at"])
-                leases.append(Lease(task, task.lease_epoch, expires))
-                if actor is not None:
-                    self._note(tx, C.claim_note(actor, task, expires))
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+            if actor is not None:
+                self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases
 
         return self._write(go)
@@ -832,6 +844,7 @@ class PostgresStore:
         action = "task.input_required" if state == "input_required" else "task.complete"
         fence = None if actor is None else C.Fenced(actor, action)
         outcomes: list[Outcome] = []
+        notes: list[C.Note | None] = []
         for k, (tid, ep, _) in enumerate(items):
             r = winner.get(k)
             if r is None:
@@ -840,10 +853,11 @@ class PostgresStore:
                 continue
             outcomes.append(Outcome.OK)
             if fence is not None:
-                self._note(tx, fence.note(r["workspace"], tid, ep, Outcome.OK))
+                notes.append(fence.note(r["workspace"], tid, ep, Outcome.OK))
             tx.topics.append(task_topic(tid))
             if r["session_key"] is not None:
                 tx.topics.append(receiver_topic(r["workspace"], r["receiver"]))
+        self._notes(tx, notes)
         return outcomes
 
     def complete(

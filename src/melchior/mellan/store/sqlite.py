@@ -553,13 +553,25 @@ class SQLiteStore:
 
     def _note(self, tx: _Tx, note: C.Note | None) -> None:
         """Write ``note`` in the open transaction: it commits with the change it records."""
-        if note is None:
+        self._notes(tx, [note])
+
+    @staticmethod
+    def _notes(tx: _Tx, notes: Sequence[C.Note | None]) -> None:
+        """Write several records with one prepared statement (a claim of 50 writes 50)."""
+        rows = [
+            (n.workspace, tx.now, n.actor, n.action, n.subject, int(n.allowed), n.rule,
+             n.reason, json.dumps(n.detail))
+            for n in notes
+            if n is not None
+        ]  # fmt: skip
+        if not rows:
             return
-        self._audit(
-            tx, note.workspace, note.actor, note.action, note.subject, note.allowed,
-            note.rule, note.reason, note.detail,
-        )  # fmt: skip
-        tx.topics.append(audit_topic(note.workspace))
+        tx.conn.executemany(
+            "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule, reason,"
+            " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        tx.topics += [audit_topic(w) for w in dict.fromkeys(r[0] for r in rows)]
 
     def audit_since(
         self, workspace: str, after_seq: int = 0, limit: int = 100
@@ -795,10 +807,9 @@ class SQLiteStore:
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                expires = C.iso(r["lease_expires_at"])
-                leases.append(Lease(task, task.lease_epoch, expires))
-                if actor is not None:
-                    self._note(tx, C.claim_note(actor, task, expires))
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+            if actor is not None:
+                self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases
 
     def _why_not(
@@ -901,7 +912,10 @@ class SQLiteStore:
         result: str,
         state: str,
         actor: str | None = None,
+        pending: list[C.Note] | None = None,
     ) -> Outcome:
+        """Record one success; with ``pending`` its audit record is appended there for the
+        caller to write with the rest of a batch, else it is written now."""
         action = "task.input_required" if state == "input_required" else "task.complete"
         fence = None if actor is None else C.Fenced(actor, action)
         row = tx.one(
@@ -913,8 +927,11 @@ class SQLiteStore:
         )
         if row is None:
             return self._why_not(tx, task_id, epoch, ("succeeded", "input_required"), fence)
-        if fence is not None:
-            self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
+        note = None if fence is None else fence.note(row["workspace"], task_id, epoch, Outcome.OK)
+        if pending is not None and note is not None:
+            pending.append(note)
+        else:
+            self._note(tx, note)
         tx.topics.append(task_topic(task_id))
         if row["session_key"] is not None:  # the session's next task may be claimable now
             tx.topics.append(receiver_topic(row["workspace"], row["receiver"]))
@@ -939,7 +956,13 @@ class SQLiteStore:
         if not items:
             return []
         with self._write() as tx:
-            return [self._complete(tx, tid, ep, res, "succeeded", actor) for tid, ep, res in items]
+            notes: list[C.Note] = []
+            out = [
+                self._complete(tx, tid, ep, res, "succeeded", actor, notes)
+                for tid, ep, res in items
+            ]
+            self._notes(tx, notes)
+            return out
 
     def fail(
         self,
