@@ -9,8 +9,10 @@ flushed), and for mellan the pickup latency of a receiver woken by NOTIFY vs one
 that polls.
 
 mellan's numbers include what the others skip: every completion is fenced by the
-lease epoch, attempts are counted at claim, and the session rule is evaluated in
-the claim. Run: ``.venv/bin/python bench/queue_drain.py [--tasks N]``; needs the
+lease epoch, attempts are counted at claim, the session rule is evaluated in the
+claim, and (as the relay does) every claim and completion writes its audit record in
+the same transaction (``--no-audit`` drains without them).
+Run: ``.venv/bin/python bench/queue_drain.py [--tasks N]``; needs the
 ``bench`` extra (pgqueuer, procrastinate, asyncpg) and PostgreSQL at
 ``$MELCHIOR_BENCH_PG`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``).
 """
@@ -108,20 +110,25 @@ def prepare(store: Store, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def mellan_drain(store: Store, batch: int, threads: int) -> tuple[float, int]:
-    """Drain with ``threads`` receivers; returns (seconds, store transactions)."""
+ACTOR = "agent:" + RECEIVER  # what the relay's receiver API passes as ``actor``
+
+
+def mellan_drain(store: Store, batch: int, threads: int, actor: str | None) -> tuple[float, int]:
+    """Drain with ``threads`` receivers; returns (seconds, store transactions). With
+    ``actor`` each claim and completion writes its audit record in the transaction of
+    the change, as the relay does."""
     txs = [0] * threads
 
     def work(i: int) -> None:
         while True:
-            leases = store.claim(WS, RECEIVER, f"bench-{i}", limit=batch)
+            leases = store.claim(WS, RECEIVER, f"bench-{i}", limit=batch, actor=actor)
             txs[i] += 1
             if not leases:
                 return
             if len(leases) == 1:
-                store.complete(leases[0].task.id, leases[0].epoch, "{}")
+                store.complete(leases[0].task.id, leases[0].epoch, "{}", actor=actor)
             else:
-                store.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
+                store.complete_many([(x.task.id, x.epoch, "{}") for x in leases], actor=actor)
             txs[i] += 1
 
     t0 = time.perf_counter()
@@ -133,25 +140,29 @@ def mellan_drain(store: Store, batch: int, threads: int) -> tuple[float, int]:
     return time.perf_counter() - t0, sum(txs)
 
 
-def run_mellan_sqlite(n: int, batch: int, threads: int, tmp: Path) -> Result:
+def run_mellan_sqlite(
+    n: int, batch: int, threads: int, tmp: Path, actor: str | None = ACTOR
+) -> Result:
     path = tmp / f"relay-{batch}-{threads}.db"
     store = open_store(str(path))
     enq = prepare(store, n)
     before = getattr(store, "commits", 0)
-    secs, _ = mellan_drain(store, batch, threads)
+    secs, _ = mellan_drain(store, batch, threads, actor)
     commits = (getattr(store, "commits", 0) - before) / n  # group commit shares COMMITs
     store.close()
     return Result(f"mellan SQLite, claim {batch}, {threads} thr", n, enq, secs, commits)
 
 
-def run_mellan_pg(n: int, batch: int, threads: int, created: list[str]) -> Result:
+def run_mellan_pg(
+    n: int, batch: int, threads: int, created: list[str], actor: str | None = ACTOR
+) -> Result:
     with throwaway_db("mellan", created) as url:
         store = open_store(url)
         enq = prepare(store, n)
         store.close()
         before = xact_commits(url)
         store = open_store(url, migrate=False)
-        secs, _ = mellan_drain(store, batch, threads)
+        secs, _ = mellan_drain(store, batch, threads, actor)
         store.close()
         commits = (xact_commits(url) - before - 1) / n
     return Result(f"mellan PG, claim {batch}, {threads} thr", n, enq, secs, commits)
@@ -327,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=5000)
     ap.add_argument("--procrastinate-tasks", type=int, default=1000)
     ap.add_argument("--latency-tasks", type=int, default=150)
+    ap.add_argument("--no-audit", action="store_true", help="drain mellan without audit records")
     args = ap.parse_args(argv)
+    actor = None if args.no_audit else ACTOR
     n = args.tasks
     created: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="mellan-bench-"))
@@ -353,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             f" postgresql={pgv[0] if pgv else '?'} synchronous_commit={sc[0] if sc else '?'}"
             f" sqlite={sqlite3.sqlite_version}{peers}"
             f" loadavg={os.getloadavg()[0]:.1f}"
+            f" mellan_audit={'off' if args.no_audit else 'in-transaction'}"
         )
         print(
             f"# drain: {n} no-op tasks per system ({min(n, 2000)} unbatched,"
@@ -360,11 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs: list[Callable[[], Result]] = [
             # unbatched runs make 2 commits per task: fewer tasks give the same rate sooner
-            lambda: run_mellan_sqlite(min(n, 2000), 1, 1, tmp),
-            lambda: run_mellan_sqlite(min(n, 2000), 1, 8, tmp),
-            lambda: run_mellan_sqlite(n, 50, 1, tmp),
-            lambda: run_mellan_pg(min(n, 2000), 1, 4, created),
-            lambda: run_mellan_pg(n, 50, 2, created),
+            lambda: run_mellan_sqlite(min(n, 2000), 1, 1, tmp, actor),
+            lambda: run_mellan_sqlite(min(n, 2000), 1, 8, tmp, actor),
+            lambda: run_mellan_sqlite(n, 50, 1, tmp, actor),
+            lambda: run_mellan_pg(min(n, 2000), 1, 4, created, actor),
+            lambda: run_mellan_pg(n, 50, 2, created, actor),
         ]
         if peers:
             runs.append(lambda: run_pgqueuer(min(n, 2000), 1, created))
