@@ -6,7 +6,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+JS_SDK := $(VENV)/js
+
+.PHONY: setup run test lint bench clean js-sdk
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +21,16 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/mellan relay
 
-test: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+# A second, independent A2A client for the interop tests (skipped where npm is missing).
+js-sdk:
+	@if [ ! -d $(JS_SDK)/node_modules/@a2a-js/sdk ] && command -v npm >/dev/null; then \
+		mkdir -p $(JS_SDK) && cd $(JS_SDK) && \
+		npm install --silent --no-audit --no-fund @a2a-js/sdk@1.3.0 || \
+		echo "make: could not install @a2a-js/sdk; its interop tests will be skipped"; \
+	fi
+
+test: $(STAMP) js-sdk
+	A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) $(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard bench)
