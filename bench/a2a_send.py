@@ -160,7 +160,7 @@ def serve_reference(db: str, info: Path) -> None:
         engine = create_async_engine(db.replace("postgresql://", "postgresql+psycopg://", 1))
     else:  # the same busy timeout mellan's SQLite store uses, or it fails under load
         path = db.removeprefix("sqlite://")
-        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30})
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 10})
     store = DatabaseTaskStore(engine)
     handler = DefaultRequestHandler(agent_executor=Executor(), task_store=store, agent_card=card)
     app = Starlette(routes=create_jsonrpc_routes(handler, rpc_url="/"))
