@@ -158,9 +158,9 @@ def serve_reference(db: str, info: Path) -> None:
     )
     if db.startswith("postgresql://"):
         engine = create_async_engine(db.replace("postgresql://", "postgresql+psycopg://", 1))
-    else:  # the same busy timeout mellan's SQLite store uses, or it fails under load
+    else:  # a generous busy timeout, or it fails under load (mellan: 10 s)
         path = db.removeprefix("sqlite://")
-        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 10})
+        engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30})
     store = DatabaseTaskStore(engine)
     handler = DefaultRequestHandler(agent_executor=Executor(), task_store=store, agent_card=card)
     app = Starlette(routes=create_jsonrpc_routes(handler, rpc_url="/"))
