@@ -215,3 +215,40 @@ def test_relay_status_as_json_lines(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_relay_says_what_its_migrations_did(tmp_path: Path) -> None:
+    """First start creates the schema, a database of the first released schema is
+    upgraded in place, and a current one is left alone; each start says which."""
+    from melchior.mellan.store import migrations
+    from melchior.mellan.store.sqlite import SQLiteStore
+
+    db = tmp_path / "r.db"
+    old = SQLiteStore(db)
+    old.migrate(target=1)
+    old.close()
+    cli = Cli(tmp_path)
+
+    def schema_line(db: Path) -> str:
+        proc = subprocess.Popen(
+            [MELLAN, "relay", "--json", "--port", "0", "--database", f"sqlite://{db}"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=cli.env,
+        )
+        try:
+            assert proc.stdout is not None
+            events: list[dict[str, Any]] = []
+            while not events or events[-1]["event"] != "ready":
+                line = proc.stdout.readline()
+                assert line, events
+                events.append(json.loads(line))
+            return next(e["message"] for e in events if e["message"].startswith("schema "))
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+    latest = migrations.LATEST_SQLITE
+    assert schema_line(db) == f"schema upgraded from version 1 to {latest}"
+    assert schema_line(db) == f"schema up to date (version {latest})"
+    assert schema_line(tmp_path / "new.db") == f"schema created (version {latest})"

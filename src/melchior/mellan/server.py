@@ -208,7 +208,13 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         return 1
     notifier = make_notifier(options.database)
     try:
-        store = open_store(options.database, publish=notifier.publish)
+        store = open_store(options.database, publish=notifier.publish, migrate=False)
+        try:  # migrate here rather than in open_store, to say what it changed
+            before: int | None = getattr(store, "schema_version", lambda: None)()
+            after = store.migrate()
+        except BaseException:
+            store.close()
+            raise
     except Exception as exc:
         sock.close()
         say(f"cannot open the database: {exc}", "error")
@@ -216,8 +222,12 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say("  check the URL, that PostgreSQL is running, and that the role may connect")
         return 1
     try:
-        version = getattr(store, "schema_version", lambda: None)()
-        say("schema up to date" + (f" (version {version})" if version is not None else ""))
+        if before == after or before is None:  # an operator upgrading wants to see it said
+            say(f"schema up to date (version {after})")
+        elif before == 0:
+            say(f"schema created (version {after})")
+        else:
+            say(f"schema upgraded from version {before} to {after}")
         port = sock.getsockname()[1]
         host = options.host if ":" not in options.host else f"[{options.host}]"
         url = f"http://{host}:{port}"
