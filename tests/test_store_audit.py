@@ -213,3 +213,30 @@ def test_batched_claim_and_complete_many_record_every_item(store: Store) -> None
         f"task.complete under epoch {a.epoch}: duplicate",
         f"task.complete under epoch {c.epoch}: ok",
     }
+
+
+def test_the_audit_log_is_append_only_in_the_database(db_url: str) -> None:
+    """Not only the store's API: the database itself refuses to change or drop a record."""
+    s = open_store(db_url)
+    seed(s)
+    s.audit(WS, "owner:alice", "grant.add", "g1", True, "owner", "granted")
+    s.close()
+    changes = ("UPDATE audit SET allowed = NOT allowed", "DELETE FROM audit")
+    if db_url.startswith("sqlite://"):
+        conn = sqlite3.connect(db_url.removeprefix("sqlite://"), isolation_level=None)
+        try:
+            for sql in changes:
+                with pytest.raises(sqlite3.Error, match="append-only"):
+                    conn.execute(sql)
+            assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] == 1
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as pg:
+        for sql in changes:
+            with pytest.raises(psycopg.Error, match="append-only"):
+                pg.execute(sql)
+        row = pg.execute("SELECT count(*) FROM audit").fetchone()
+        assert row is not None and row[0] == 1
