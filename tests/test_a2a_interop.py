@@ -40,7 +40,7 @@ from a2a.utils.errors import (
 )
 from google.protobuf import json_format
 
-from a2a_kit import CAPS, Receiver, Server, World, pg_database, replicas, running
+from a2a_kit import CAPS, WS, Receiver, Server, World, pg_database, replicas, running
 
 T = TypeVar("T")
 BINDINGS = [TransportProtocol.JSONRPC, TransportProtocol.HTTP_JSON]
@@ -337,7 +337,7 @@ def test_subscribe_to_terminal_task_is_unsupported(relay: Any, binding: str) -> 
 def test_cancel_running_task(relay: Any, binding: str) -> None:
     server, world, rx = relay
 
-    async def go() -> tuple[Any, Any]:
+    async def go() -> tuple[Any, Any, Any]:
         client = await client_for(server, world.tokens["caller"], binding)
         req = SendMessageRequest(
             message=msg("hold"), configuration=SendMessageConfiguration(return_immediately=True)
@@ -356,11 +356,20 @@ def test_cancel_running_task(relay: Any, binding: str) -> None:
             await client.cancel_task(CancelTaskRequest(id="no-such-task"))
         await until(lambda: asyncio.sleep(0, rx.cancelled), lambda c: task.id in c)
         await client.close()
-        return cancelled, again
+        return cancelled, again, done
 
-    cancelled, again = run(go())
+    cancelled, again, done = run(go())
     assert state(cancelled) == "TASK_STATE_CANCELED"
     assert state(again) == "TASK_STATE_CANCELED"
+    # One record per decision, written with the cancel itself: the won cancel once (the
+    # repeat adds nothing), the refused one with its rule.
+    records = [
+        (r.subject, r.allowed, r.rule)
+        for r in server.store.audit_since(WS, 0, 10_000)
+        if r.action == "task.cancel"
+    ]
+    assert records.count((cancelled.id, True, "caller")) == 1
+    assert (done.id, False, "finished") in records
 
 
 # -- list ------------------------------------------------------------------------------------

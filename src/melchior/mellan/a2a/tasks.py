@@ -154,7 +154,8 @@ async def get(
 
 def _cancel(store: Store, caller: Caller, task_id: str) -> tuple[Task, list[TaskEvent]]:
     task = caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
-    after, outcome = store.cancel(task.workspace, task.id)
+    # The store records the decision (won or refused) in the cancel's own transaction.
+    after, outcome = store.cancel(task.workspace, task.id, actor=caller.actor, rule="caller")
     if outcome is Outcome.NOT_FOUND or after is None:
         raise TaskNotFound(metadata={"taskId": task_id})
     if outcome is Outcome.LEASE_LOST:
@@ -162,15 +163,6 @@ def _cancel(store: Store, caller: Caller, task_id: str) -> tuple[Task, list[Task
             f"task {task_id} is already {views.A2A_STATE[after.state]}",
             metadata={"taskId": task_id, "state": views.A2A_STATE[after.state]},
         )
-    store.audit(
-        task.workspace,
-        caller.actor,
-        "task.cancel",
-        task.id,
-        True,
-        "caller",
-        f"cancelled by {caller.actor}",
-    )
     return after, store.events_after(task.id, 0)
 
 
