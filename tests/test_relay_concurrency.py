@@ -45,13 +45,31 @@ def test_receivers_on_two_replicas_keep_the_queue_rules(
     db_url: str, two_replicas: tuple[RelayProc, RelayProc]
 ) -> None:
     a, b = two_replicas
+    _drain_through(db_url, a, b, TASKS)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_10k_tasks_through_two_postgres_replicas(pg_url: str, tmp_path: Path) -> None:
+    """The issue's full size, on the deployment several replicas need: PostgreSQL."""
+    a = start_relay(pg_url, tmp_path / "a")
+    b = start_relay(pg_url, tmp_path / "b")
+    b.owner_token = a.owner_token
+    try:
+        _drain_through(pg_url, a, b, 10_000)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _drain_through(db_url: str, a: RelayProc, b: RelayProc, tasks: int) -> None:
     _, ops = setup_pair(a)
     store: Store = open_store(db_url)
     rng = random.Random(7)
     order: dict[str, list[str]] = defaultdict(list)  # session → task ids in enqueue order
     ids: list[str] = []
     try:
-        for i in range(TASKS):
+        for i in range(tasks):
             session = f"s{rng.randrange(SESSIONS)}" if i % 3 == 0 else None
             task, _ = store.enqueue(
                 NewTask(
@@ -132,6 +150,6 @@ def test_receivers_on_two_replicas_keep_the_queue_rules(
                 assert p is not None and n is not None
                 if nxt in success_claim_at:
                     assert success_claim_at[nxt] >= p.updated_at, (session_ids, prev, nxt)
-        assert sum(successes.values()) >= TASKS // 2  # the run did real work
+        assert sum(successes.values()) >= tasks // 2  # the run did real work
     finally:
         store.close()
