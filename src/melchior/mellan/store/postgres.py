@@ -34,9 +34,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from melchior.mellan.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.store import _common as C
 from melchior.mellan.store import migrations
+from melchior.mellan.store._queries import ReadQueries
 from melchior.mellan.store.base import (
     Agent,
-    AuditRecord,
     Capability,
     Conflict,
     CredentialKind,
@@ -88,8 +88,10 @@ def _retryable(exc: BaseException) -> bool:
     )
 
 
-class PostgresStore:
+class PostgresStore(ReadQueries):
     """:class:`~melchior.mellan.store.base.Store` on PostgreSQL (psycopg 3, sync)."""
+
+    P = "%s"  # the placeholder for the shared reads in ReadQueries
 
     def __init__(
         self,
@@ -154,6 +156,10 @@ class PostgresStore:
                 return cur.fetchall()
         except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
             raise self._lost(exc) from exc
+
+    def _states_clause(self, states: Sequence[TaskState]) -> tuple[str, list[Any]]:
+        """One array parameter, so the statement's text is the same whatever the set's size."""
+        return " AND state = ANY(%s)", [[TaskState(s).value for s in states]]
 
     # -- lifecycle ----------------------------------------------------------------------------
     def migrate(self, target: int | None = None) -> int:
@@ -291,16 +297,6 @@ class PostgresStore:
 
         return self._write(go)
 
-    def get_agent(self, workspace: str, agent_id: str) -> Agent | None:
-        rows = self._read(
-            "SELECT * FROM agent WHERE workspace = %s AND id = %s", (workspace, agent_id)
-        )
-        return C.agent_from_row(rows[0]) if rows else None
-
-    def list_agents(self, workspace: str) -> list[Agent]:
-        rows = self._read("SELECT * FROM agent WHERE workspace = %s ORDER BY id", (workspace,))
-        return [C.agent_from_row(r) for r in rows]
-
     def add_enrollment(
         self, workspace: str, agent_id: str, code_hash: str, expires_at: str
     ) -> None:
@@ -357,32 +353,6 @@ class PostgresStore:
                 == 1
             )
         )
-
-    def list_grants(
-        self,
-        workspace: str,
-        *,
-        caller: str | None = None,
-        receiver: str | None = None,
-        include_revoked: bool = False,
-    ) -> list[Grant]:
-        sql = "SELECT * FROM agent_grant WHERE workspace = %s"
-        params: list[Any] = [workspace]
-        if caller is not None:
-            sql += " AND caller = %s"
-            params.append(caller)
-        if receiver is not None:
-            sql += " AND receiver = %s"
-            params.append(receiver)
-        if not include_revoked:
-            sql += " AND revoked_at IS NULL"
-        return [C.grant_from_row(r) for r in self._read(sql + " ORDER BY created_at, id", params)]
-
-    def granted_capabilities(self, workspace: str, caller: str, receiver: str) -> set[str]:
-        caps: set[str] = set()
-        for g in self.list_grants(workspace, caller=caller, receiver=receiver):
-            caps.update(g.capabilities)
-        return caps
 
     # -- audit --------------------------------------------------------------------------------
     def audit(
@@ -445,15 +415,6 @@ class PostgresStore:
         )
         tx.topics += [audit_topic(w) for w in dict.fromkeys(n.workspace for n in rows)]
 
-    def audit_since(
-        self, workspace: str, after_seq: int = 0, limit: int = 100
-    ) -> list[AuditRecord]:
-        rows = self._read(
-            "SELECT * FROM audit WHERE workspace = %s AND seq > %s ORDER BY seq LIMIT %s",
-            (workspace, after_seq, limit),
-        )
-        return [C.audit_from_row(r) for r in rows]
-
     # -- tasks: caller side -------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
         return self.enqueue_many([task])[0]
@@ -515,41 +476,6 @@ class PostgresStore:
             out.append((C.task_from_row(existing), False))
         return out
 
-    def get_task(self, workspace: str, task_id: str) -> Task | None:
-        rows = self._read(
-            "SELECT * FROM task WHERE workspace = %s AND id = %s", (workspace, task_id)
-        )
-        return C.task_from_row(rows[0]) if rows else None
-
-    def list_tasks(
-        self,
-        workspace: str,
-        *,
-        caller: str | None = None,
-        receiver: str | None = None,
-        context_id: str | None = None,
-        states: Sequence[TaskState] | None = None,
-        after: str | None = None,
-        limit: int = 50,
-    ) -> list[Task]:
-        sql = "SELECT * FROM task WHERE workspace = %s"
-        params: list[Any] = [workspace]
-        for col, val in (("caller", caller), ("receiver", receiver), ("context_id", context_id)):
-            if val is not None:
-                sql += f" AND {col} = %s"
-                params.append(val)
-        if states is not None:
-            if not states:
-                return []
-            sql += " AND state = ANY(%s)"
-            params.append([TaskState(s).value for s in states])
-        if after is not None:
-            sql += " AND seq < COALESCE((SELECT seq FROM task WHERE workspace = %s AND id = %s), 0)"
-            params += [workspace, after]
-        sql += " ORDER BY seq DESC LIMIT %s"
-        params.append(limit)
-        return [C.task_from_row(r) for r in self._read(sql, params)]
-
     def cancel(
         self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
     ) -> tuple[Task | None, Outcome]:
@@ -605,13 +531,6 @@ class PostgresStore:
         assert row is not None
         tx.topics.append(task_topic(task_id))
         return C.event_from_row(row)
-
-    def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]:
-        rows = self._read(
-            "SELECT * FROM task_event WHERE task_id = %s AND seq > %s ORDER BY seq",
-            (task_id, after_seq),
-        )
-        return [C.event_from_row(r) for r in rows]
 
     # -- tasks: receiver side -----------------------------------------------------------------
     def _settle_expired(self, tx: _Tx, workspace: str | None, receiver: str | None) -> int:

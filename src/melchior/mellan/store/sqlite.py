@@ -28,9 +28,9 @@ from typing import Any
 from melchior.mellan.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.store import _common as C
 from melchior.mellan.store import migrations
+from melchior.mellan.store._queries import ReadQueries
 from melchior.mellan.store.base import (
     Agent,
-    AuditRecord,
     Capability,
     Conflict,
     CredentialKind,
@@ -89,8 +89,10 @@ def _unavailable(exc: sqlite3.Error) -> bool:
     return (int(code) & 0xFF) in _UNAVAILABLE_CODES
 
 
-class SQLiteStore:
+class SQLiteStore(ReadQueries):
     """:class:`~melchior.mellan.store.base.Store` on a SQLite file."""
+
+    P = "?"  # the placeholder for the shared reads in ReadQueries
 
     def __init__(
         self,
@@ -414,16 +416,6 @@ class SQLiteStore:
                 raise Conflict(f"agent {agent_id!r} already exists") from exc
             return Agent(workspace, agent_id, description, tuple(capabilities), C.iso(tx.now))
 
-    def get_agent(self, workspace: str, agent_id: str) -> Agent | None:
-        rows = self._read(
-            "SELECT * FROM agent WHERE workspace = ? AND id = ?", (workspace, agent_id)
-        )
-        return C.agent_from_row(rows[0]) if rows else None
-
-    def list_agents(self, workspace: str) -> list[Agent]:
-        rows = self._read("SELECT * FROM agent WHERE workspace = ? ORDER BY id", (workspace,))
-        return [C.agent_from_row(r) for r in rows]
-
     def add_enrollment(
         self, workspace: str, agent_id: str, code_hash: str, expires_at: str
     ) -> None:
@@ -479,32 +471,6 @@ class SQLiteStore:
                 (tx.now, workspace, grant_id),
             )
             return cur.rowcount == 1
-
-    def list_grants(
-        self,
-        workspace: str,
-        *,
-        caller: str | None = None,
-        receiver: str | None = None,
-        include_revoked: bool = False,
-    ) -> list[Grant]:
-        sql = "SELECT * FROM agent_grant WHERE workspace = ?"
-        params: list[Any] = [workspace]
-        if caller is not None:
-            sql += " AND caller = ?"
-            params.append(caller)
-        if receiver is not None:
-            sql += " AND receiver = ?"
-            params.append(receiver)
-        if not include_revoked:
-            sql += " AND revoked_at IS NULL"
-        return [C.grant_from_row(r) for r in self._read(sql + " ORDER BY created_at, id", params)]
-
-    def granted_capabilities(self, workspace: str, caller: str, receiver: str) -> set[str]:
-        caps: set[str] = set()
-        for g in self.list_grants(workspace, caller=caller, receiver=receiver):
-            caps.update(g.capabilities)
-        return caps
 
     # -- audit --------------------------------------------------------------------------------
     def audit(
@@ -573,15 +539,6 @@ class SQLiteStore:
         )
         tx.topics += [audit_topic(w) for w in dict.fromkeys(r[0] for r in rows)]
 
-    def audit_since(
-        self, workspace: str, after_seq: int = 0, limit: int = 100
-    ) -> list[AuditRecord]:
-        rows = self._read(
-            "SELECT * FROM audit WHERE workspace = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (workspace, after_seq, limit),
-        )
-        return [C.audit_from_row(r) for r in rows]
-
     # -- tasks: caller side -------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
         return self.enqueue_many([task])[0]
@@ -632,39 +589,6 @@ class SQLiteStore:
             raise StoreError("enqueue: insert suppressed without a duplicate")
         return C.task_from_row(existing), False
 
-    def get_task(self, workspace: str, task_id: str) -> Task | None:
-        rows = self._read("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
-        return C.task_from_row(rows[0]) if rows else None
-
-    def list_tasks(
-        self,
-        workspace: str,
-        *,
-        caller: str | None = None,
-        receiver: str | None = None,
-        context_id: str | None = None,
-        states: Sequence[TaskState] | None = None,
-        after: str | None = None,
-        limit: int = 50,
-    ) -> list[Task]:
-        sql = "SELECT * FROM task WHERE workspace = ?"
-        params: list[Any] = [workspace]
-        for col, val in (("caller", caller), ("receiver", receiver), ("context_id", context_id)):
-            if val is not None:
-                sql += f" AND {col} = ?"
-                params.append(val)
-        if states is not None:
-            if not states:
-                return []
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            params += [TaskState(s).value for s in states]
-        if after is not None:
-            sql += " AND seq < COALESCE((SELECT seq FROM task WHERE workspace = ? AND id = ?), 0)"
-            params += [workspace, after]
-        sql += " ORDER BY seq DESC LIMIT ?"
-        params.append(limit)
-        return [C.task_from_row(r) for r in self._read(sql, params)]
-
     def cancel(
         self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
     ) -> tuple[Task | None, Outcome]:
@@ -714,13 +638,6 @@ class SQLiteStore:
         assert row is not None
         tx.topics.append(task_topic(task_id))
         return C.event_from_row(row)
-
-    def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]:
-        rows = self._read(
-            "SELECT * FROM task_event WHERE task_id = ? AND seq > ? ORDER BY seq",
-            (task_id, after_seq),
-        )
-        return [C.event_from_row(r) for r in rows]
 
     # -- tasks: receiver side -----------------------------------------------------------------
     def _settle_expired(self, tx: _Tx, workspace: str | None, receiver: str | None) -> int:
