@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from melchior.mellan.store import _common as C
-from melchior.mellan.store.base import Agent, AuditRecord, Grant, Task, TaskEvent, TaskState
+from melchior.mellan.store.base import (
+    Agent,
+    AuditRecord,
+    CredentialKind,
+    Grant,
+    Principal,
+    Task,
+    TaskEvent,
+    TaskState,
+)
 
 
 class ReadQueries:
@@ -23,6 +32,7 @@ class ReadQueries:
     """
 
     P: ClassVar[str]
+    NOW_SQL: ClassVar[str]  # SQL for "now" in the backend's own timestamp encoding
 
     def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Sequence[Any]:
         """Run one read-only statement; each backend supplies its own."""
@@ -36,6 +46,17 @@ class ReadQueries:
         """
         marks = ", ".join([self.P] * len(states))
         return f" AND state IN ({marks})", [TaskState(s).value for s in states]
+
+    def principal_for(self, token_hash: str) -> Principal | None:
+        rows = self._read(
+            f"SELECT id, workspace, kind, subject FROM credential WHERE token_hash = {self.P}"
+            f" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {self.NOW_SQL})",
+            (token_hash,),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Principal(r["workspace"], CredentialKind(r["kind"]), r["subject"], r["id"])
 
     def get_agent(self, workspace: str, agent_id: str) -> Agent | None:
         p = self.P

@@ -45,7 +45,6 @@ from melchior.mellan.store.base import (
     NewTask,
     NotFoundError,
     Outcome,
-    Principal,
     StoreError,
     StoreUnavailable,
     Task,
@@ -92,6 +91,7 @@ class PostgresStore(ReadQueries):
     """:class:`~melchior.mellan.store.base.Store` on PostgreSQL (psycopg 3, sync)."""
 
     P = "%s"  # the placeholder for the shared reads in ReadQueries
+    NOW_SQL = "clock_timestamp()"  # the wall clock, not the transaction's start
 
     def __init__(
         self,
@@ -254,17 +254,6 @@ class PostgresStore(ReadQueries):
             return cid
 
         return self._write(go)
-
-    def principal_for(self, token_hash: str) -> Principal | None:
-        rows = self._read(
-            "SELECT id, workspace, kind, subject FROM credential WHERE token_hash = %s"
-            " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())",
-            (token_hash,),
-        )
-        if not rows:
-            return None
-        r = rows[0]
-        return Principal(r["workspace"], CredentialKind(r["kind"]), r["subject"], r["id"])
 
     def revoke_credential(self, workspace: str, credential_id: str) -> bool:
         return self._write(

@@ -39,7 +39,6 @@ from melchior.mellan.store.base import (
     NewTask,
     NotFoundError,
     Outcome,
-    Principal,
     StoreError,
     StoreUnavailable,
     Task,
@@ -93,6 +92,7 @@ class SQLiteStore(ReadQueries):
     """:class:`~melchior.mellan.store.base.Store` on a SQLite file."""
 
     P = "?"  # the placeholder for the shared reads in ReadQueries
+    NOW_SQL = f"({_NOW_MS})"  # now as stored: integer ms since the epoch
 
     def __init__(
         self,
@@ -379,17 +379,6 @@ class SQLiteStore(ReadQueries):
             except sqlite3.IntegrityError as exc:
                 raise Conflict("credential hash already stored") from exc
         return cid
-
-    def principal_for(self, token_hash: str) -> Principal | None:
-        rows = self._read(
-            f"SELECT id, workspace, kind, subject FROM credential WHERE token_hash = ?"
-            f" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ({_NOW_MS}))",
-            (token_hash,),
-        )
-        if not rows:
-            return None
-        r = rows[0]
-        return Principal(r["workspace"], CredentialKind(r["kind"]), r["subject"], r["id"])
 
     def revoke_credential(self, workspace: str, credential_id: str) -> bool:
         with self._write() as tx:
