@@ -247,6 +247,20 @@ class Fenced:
         )
 
 
+def expiry_note(
+    workspace: str, task_id: str, state: str, attempt: int, max_attempts: int
+) -> Note | None:
+    """The record of a lease the relay settled after it expired: queued again, or failed
+    with its attempts spent. A cancelled task's grace running out is no decision: None."""
+    if state == "cancelled":
+        return None
+    outcome = "attempts spent, failed" if state == "failed" else "queued again"
+    return Note(
+        workspace, "relay", "lease.expired", task_id, True, "queue.lease",
+        f"lease expired; {outcome}", {"attempt": attempt, "max_attempts": max_attempts},
+    )  # fmt: skip
+
+
 def cancel_note(actor: str, rule: str, was: str, task: Task, outcome: Outcome) -> Note | None:
     """The record of a cancel decided in the store: won (allowed under ``rule``), refused
     because the task already finished, or None for a repeat of a cancel already recorded."""

@@ -654,20 +654,13 @@ class SQLiteStore(ReadQueries):
         )
         for r in rows:
             tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
-            if r["state"] != "cancelled":
-                self._audit(
-                    tx,
-                    r["workspace"],
-                    "relay",
-                    "lease.expired",
-                    r["id"],
-                    True,
-                    "queue.lease",
-                    "lease expired; "
-                    + ("attempts spent, failed" if r["state"] == "failed" else "queued again"),
-                    {"attempt": r["attempt"], "max_attempts": r["max_attempts"]},
-                )
-                tx.topics.append(audit_topic(r["workspace"]))
+        self._notes(
+            tx,
+            [
+                C.expiry_note(r["workspace"], r["id"], r["state"], r["attempt"], r["max_attempts"])
+                for r in rows
+            ],
+        )
         return len(rows)
 
     def claim(
