@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -80,6 +81,31 @@ async def _owner_only(relay: Relay, me: Principal, action: str) -> None:
         "an agent credential asked for an owner-only operation",
     )  # fmt: skip
     require_owner(me)
+
+
+_Row = TypeVar("_Row", Grant, Task)
+
+
+async def _as_party(
+    relay: Relay,
+    me: Principal,
+    caller: str | None,
+    receiver: str | None,
+    query: Callable[[str | None, str | None], list[_Row]],
+) -> list[_Row]:
+    """The rows an agent credential may see under a (caller, receiver) filter: those it is
+    a party to, as the caller or as the receiver — one rule for grants and tasks alike.
+    A filter naming someone else on both sides leaves nothing; each row appears once."""
+    routes: list[tuple[str | None, str | None]] = []
+    if caller in (None, me.subject):
+        routes.append((me.subject, receiver))
+    if receiver in (None, me.subject):
+        routes.append((caller, me.subject))
+    seen: dict[str, _Row] = {}
+    for c, r in routes:
+        for row in await relay.call(query, c, r):
+            seen[row.id] = row
+    return list(seen.values())
 
 
 def _is_owner(p: Principal) -> bool:
@@ -428,16 +454,8 @@ async def list_grants(request: Request) -> Response:
     if _is_owner(me):
         grants = await relay.call(query, caller, receiver)
     else:
-        pairs: list[tuple[str | None, str | None]] = []
-        if caller in (None, me.subject):
-            pairs.append((me.subject, receiver))
-        if receiver in (None, me.subject):
-            pairs.append((caller, me.subject))
-        seen: dict[str, Grant] = {}
-        for c, r in pairs:
-            for g in await relay.call(query, c, r):
-                seen[g.id] = g
-        grants = sorted(seen.values(), key=lambda g: (g.created_at, g.id))
+        grants = await _as_party(relay, me, caller, receiver, query)
+        grants.sort(key=lambda g: (g.created_at, g.id))
     return JSON({"grants": [grant_view(g) for g in grants]})
 
 
@@ -530,16 +548,8 @@ async def list_tasks(request: Request) -> Response:
     if _is_owner(me):
         tasks = await relay.call(query, caller, receiver)
     else:
-        routes: list[tuple[str | None, str | None]] = []
-        if caller in (None, me.subject):
-            routes.append((me.subject, receiver))
-        if receiver in (None, me.subject):
-            routes.append((caller, me.subject))
-        seen: dict[str, Task] = {}
-        for c, r in routes:
-            for t in await relay.call(query, c, r):
-                seen[t.id] = t
-        tasks = sorted(seen.values(), key=lambda t: (t.created_at, t.id), reverse=True)[:limit]
+        tasks = await _as_party(relay, me, caller, receiver, query)
+        tasks = sorted(tasks, key=lambda t: (t.created_at, t.id), reverse=True)[:limit]
     return JSON(
         {
             "tasks": [task_view(t, payload=False) for t in tasks],
