@@ -221,6 +221,14 @@ def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: H
         sock.sendall(struct.pack(">I", 3) + b"\xff\xfe\xfd")
         bad = frames.recv(sock)
         assert bad is not None and bad["error"]["code"] == "bad-encoding"
+        # A repeated key is refused, not "last one wins": this would otherwise answer 'verbs'.
+        twice = b'{"call":"status","call":"verbs","args":[]}'
+        sock.sendall(struct.pack(">I", len(twice)) + twice)
+        dup = frames.recv(sock)
+        assert dup is not None and dup["ok"] is False and dup["error"]["code"] == "bad-json"
+        assert "duplicate key 'call'" in dup["error"]["reason"]
+        reply = request(sock, {"call": "status", "args": []}, who=root.id)
+        assert reply["ok"] is True  # and the connection is still usable
     finally:
         sock.close()
 

@@ -20,6 +20,8 @@ from melchior.wire import WireError, decode, encode
         (b'{"a":NaN}', "bad-json"),
         (b"\xef\xbb\xbf{}", "bad-json"),
         (b"{} {}", "bad-json"),
+        (b'{"call":"status","call":"verbs"}', "bad-json"),
+        (b'{"args":[{"x":1,"x":1}]}', "bad-json"),
     ],
 )
 def test_refusals_are_named(data: bytes, code: str) -> None:

@@ -2,7 +2,8 @@
 
 JSON is the encoding, not a transport: all three transports hand bytes here and
 get back one JSON object, or a :class:`WireError` that says what was wrong in words
-a user can act on. Decoding is strict (UTF-8 only, objects only, no NaN) because a
+a user can act on. Decoding is strict (UTF-8 only, objects only, no NaN, no repeated
+key) because a
 lenient reader on one side of a wire is how two sides drift apart silently.
 """
 
@@ -33,6 +34,24 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> JSONObject:
+    """Refuse a repeated key: with last-one-wins, ``{"call":"status","call":"verbs"}`` would
+    be answered as whichever spelling the reader happened to keep, so two readers of one
+    message could disagree about what it said."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r}")
+            seen.add(key)
+    return out
+
+
 def encode(obj: JSONObject) -> bytes:
     """Encode one top-level object as compact UTF-8 JSON."""
     if not isinstance(obj, dict):
@@ -61,7 +80,9 @@ def decode(data: bytes) -> JSONObject:
     if text.startswith("\ufeff"):
         raise WireError("message starts with a byte-order mark; send plain UTF-8", code="bad-json")
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique)
+    except _DuplicateKey as exc:
+        raise WireError(f"message repeats a key: {exc}", code="bad-json") from None
     except (ValueError, RecursionError) as exc:
         raise WireError(f"message is not JSON: {exc}", code="bad-json") from None
     if not isinstance(value, dict):
