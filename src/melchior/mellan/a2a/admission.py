@@ -4,14 +4,15 @@ Steps 2 and 3 of the seed's task flow. ``decide`` authorizes one send — owner 
 agent, same workspace, the message's place in an existing conversation, the
 directional grant (``policy.grants.may_invoke``), the hop budget — and audits every
 refusal with its precise rule while the caller hears only what it may learn. An allowed
-send is stored through the group-committing batcher and its acceptance recorded.
+send is stored, with its acceptance record in the same transaction, through the
+group-committing batcher; a commit whose outcome the database left unclear is looked up
+before the caller is answered.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from melchior.mellan.a2a import batch, hops, jsontext, views
@@ -21,11 +22,20 @@ from melchior.mellan.a2a.errors import (
     HopLimit,
     InvalidParams,
     TaskNotFound,
+    Unavailable,
     UnsupportedOperation,
 )
 from melchior.mellan.a2a.requests import SendRequest
 from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import NewTask, Store, StoreError, Task, TaskState
+from melchior.mellan.store.base import (
+    Acceptance,
+    NewTask,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    Task,
+    TaskState,
+)
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
 
 HOP_KEYS = ("chain", "hop")
@@ -73,7 +83,7 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
     raise Forbidden(reason)
 
 
-def decide(store: Store, caller: Caller, req: SendRequest) -> Accepted:
+def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
     """Authorize one send (a worker-thread call: every read, and the audit of a refusal)."""
     p, target = caller.principal, caller.target
     detail: dict[str, Any] = {"messageId": req.message.get("messageId")}
@@ -145,7 +155,13 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> Accepted:
         _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
     context_id = context_id or uuid.uuid4().hex
-    new = NewTask(
+    accepted = Acceptance(
+        caller.actor,
+        decision.rule,
+        decision.reason,
+        {**detail, "capability": capability, "hop": chain.hop},
+    )
+    return NewTask(
         workspace=target.workspace,
         caller=p.subject,
         receiver=target.agent,
@@ -158,39 +174,46 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> Accepted:
         chain=chain.chain,
         hop=chain.hop,
         path=chain.path,
+        accept=accepted,
     )
-    audit = (decision.rule, decision.reason, {**detail, "capability": capability, "hop": chain.hop})
-    return Accepted(new, *audit)
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """A send the policy allowed: the task to store and the decision to record."""
+def settle(store: Store, lost: StoreUnavailable, new: NewTask) -> Task:
+    """After an unclear commit, find out what happened before answering: the caller's
+    answer must be true. Once the server has decided the lost transaction, a read by
+    messageId tells; if it cannot be known yet, say exactly that (a resend is safe)."""
+    if not store.settle(lost):
+        raise Unavailable(
+            "the relay lost its database while storing this task, so whether it was stored "
+            "is not known yet; send the same request again (same messageId) once the relay "
+            "is healthy: a resend never queues the work twice"
+        ) from lost
+    assert new.message_id is not None
+    found = store.task_by_message(new.workspace, new.caller, new.message_id)
+    if found is None:
+        raise Unavailable() from lost  # now known: nothing was stored
+    return found
 
-    task: NewTask
-    rule: str
-    reason: str
-    detail: dict[str, Any]
 
-
-def record(store: Store, caller: Caller, accepted: Accepted, task: Task, created: bool) -> Task:
-    """After the (batched) enqueue: refuse a reused messageId, audit a new acceptance."""
+def check_reuse(caller: Caller, new: NewTask, task: Task, created: bool) -> Task:
+    """A messageId already used by this caller for a task it cannot see here (another
+    agent's URL) is refused; a resend of the same request returns its task."""
     if not created and (task.receiver != caller.target.agent or not caller.can_see(task)):
         raise InvalidParams(
-            f"messageId {accepted.task.message_id!r} was already used for another task",
+            f"messageId {new.message_id!r} was already used for another task",
             violations=[("message.messageId", "already used")],
         )
-    if created:
-        store.audit(
-            task.workspace, caller.actor, "task.accept", task.id, True, accepted.rule,
-            accepted.reason, accepted.detail,
-        )  # fmt: skip
     return task
 
 
 async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
-    """The whole door: decide (refusals audited, nothing stored), store (group-committed
-    with concurrent accepts), record the acceptance."""
-    accepted = await relay.call(decide, relay.store, caller, req)
-    task, created = await batch.batcher(relay).enqueue(accepted.task)
-    return await relay.call(record, relay.store, caller, accepted, task, created)
+    """The whole door: decide (refusals audited, nothing stored), then store the task and
+    its acceptance record in one transaction (group-committed with concurrent accepts)."""
+    new = await relay.call(decide, relay.store, caller, req)
+    try:
+        task, created = await batch.batcher(relay).enqueue(new)
+    except StoreUnavailable as lost:
+        if not lost.unclear:
+            raise
+        task, created = await relay.call(settle, relay.store, lost, new), False
+    return check_reuse(caller, new, task, created)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import NewTask, Task
+from melchior.mellan.store.base import NewTask, StoreUnavailable, Task
 
 MAX_BATCH = 200
 
@@ -42,16 +42,29 @@ class Batcher:
         finally:
             self._draining = False
 
-    async def _write(self, batch: list[tuple[NewTask, asyncio.Future[Result]]]) -> None:
+    async def _write(
+        self,
+        batch: list[tuple[NewTask, asyncio.Future[Result]]],
+        lost: StoreUnavailable | None = None,
+    ) -> None:
+        """Write ``batch``; after a failure retry its items one by one, so one bad task
+        cannot sink the others. ``lost``: an earlier attempt lost its connection at COMMIT
+        and may have stored them, so a failure now must not be reported as "nothing
+        stored": that unclear loss is what the caller gets, for the door to settle."""
         try:
             results = await self._relay.call(self._relay.store.enqueue_many, [t for t, _ in batch])
         except Exception as exc:
+            failure: BaseException = exc
+            if isinstance(exc, StoreUnavailable) and exc.unclear:
+                lost = exc
+            if lost is not None and isinstance(exc, StoreUnavailable):
+                failure = lost
             if len(batch) == 1:
                 if not batch[0][1].done():
-                    batch[0][1].set_exception(exc)
+                    batch[0][1].set_exception(failure)
                 return
             for item in batch:  # find the one that fails; the others still go in
-                await self._write([item])
+                await self._write([item], lost)
             return
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from melchior.mellan.store.base import (
+    Acceptance,
     Agent,
     AuditRecord,
     Capability,
     Grant,
+    NewTask,
     Outcome,
     Task,
     TaskEvent,
@@ -167,6 +169,28 @@ class Note:
     rule: str
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def accept_note(task: Task, accept: Acceptance | None) -> Note | None:
+    """The ``task.accept`` record of a task just created, if the door gave its decision."""
+    if accept is None:
+        return None
+    return Note(
+        task.workspace, accept.actor, "task.accept", task.id, True, accept.rule, accept.reason,
+        dict(accept.detail),
+    )  # fmt: skip
+
+
+def accept_notes(
+    asked: Sequence[NewTask], stored: Sequence[tuple[Task, bool]]
+) -> list[Note | None]:
+    """The ``task.accept`` records of an enqueue batch: one per task created now (a dedupe
+    hit was recorded when it was first stored)."""
+    return [
+        accept_note(task, new.accept)
+        for new, (task, created) in zip(asked, stored, strict=True)
+        if created
+    ]
 
 
 def claim_note(actor: str, task: Task, expires_at: str) -> Note:

@@ -113,6 +113,14 @@ class ReadQueries:
         )
         return C.task_from_row(rows[0]) if rows else None
 
+    def task_by_message(self, workspace: str, caller: str, message_id: str) -> Task | None:
+        p = self.P
+        rows = self._read(
+            f"SELECT * FROM task WHERE workspace = {p} AND caller = {p} AND message_id = {p}",
+            (workspace, caller, message_id),
+        )
+        return C.task_from_row(rows[0]) if rows else None
+
     def list_tasks(
         self,
         workspace: str,

@@ -60,7 +60,16 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """The database is unreachable or the transaction did not commit; nothing was written.
-    Retrying later is right; the relay maps it to 503."""
+    Retrying later is right; the relay maps it to 503.
+
+    ``unclear`` is the one exception to "nothing was written": the connection was lost
+    while COMMIT was on its way, so the server may have committed. A caller that must tell
+    the truth finds out (e.g. :meth:`Store.task_by_message`) before saying "not stored"."""
+
+    def __init__(self, reason: str, *, unclear: bool = False, backend: object = None) -> None:
+        super().__init__(reason)
+        self.unclear = unclear
+        self.backend = backend  # what the store needs to settle an unclear commit (opaque)
 
 
 class NotFoundError(StoreError):
@@ -149,6 +158,18 @@ class AuditRecord:
 
 
 @dataclass(frozen=True)
+class Acceptance:
+    """The decision that let a task in, to be recorded (``task.accept``) in the very
+    transaction that stores it: a task is never queued without its record, nor recorded
+    without being queued, whatever the database does between the two."""
+
+    actor: str
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class NewTask:
     """A task as accepted at the door, before it is stored."""
 
@@ -165,6 +186,7 @@ class NewTask:
     hop: int = 1
     path: tuple[str, ...] = ()
     max_attempts: int = 3
+    accept: Acceptance | None = None  # recorded as task.accept when the task is created
 
 
 @dataclass(frozen=True)
@@ -228,6 +250,12 @@ class Store(Protocol):
 
     def set_publisher(self, publish: Callable[[str], None] | None) -> None:
         """Install the after-commit wake-up callback (usually ``notifier.publish``)."""
+        ...
+
+    def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
+        """Wait (up to ``timeout``) until the transaction an *unclear* ``lost`` was committing
+        is decided one way or the other on the server; True once it is, so that a read made
+        now tells whether it committed. False: still unknown (e.g. the database is down)."""
         ...
 
     # -- workspaces and credentials -------------------------------------------------------------
@@ -309,7 +337,8 @@ class Store(Protocol):
     # -- tasks: caller side -----------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
         """Store a task; (task, created). A repeated (workspace, caller, message_id) returns the
-        existing task with created=False instead of a second one."""
+        existing task with created=False instead of a second one. A created task with
+        ``accept`` gets its ``task.accept`` record in the same transaction."""
         ...
 
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
@@ -317,6 +346,10 @@ class Store(Protocol):
         ...
 
     def get_task(self, workspace: str, task_id: str) -> Task | None: ...
+
+    def task_by_message(self, workspace: str, caller: str, message_id: str) -> Task | None:
+        """The task ``caller`` sent with ``message_id`` (the dedupe key), if it was stored."""
+        ...
 
     def list_tasks(
         self,

@@ -21,6 +21,7 @@ with the session), and the pool replaces the connection for the next call.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -120,21 +121,34 @@ class PostgresStore(ReadQueries):
         )
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _lost(self, exc: BaseException) -> StoreUnavailable:
+    def _lost(
+        self, exc: BaseException, *, unclear: bool = False, backend: int | None = None
+    ) -> StoreUnavailable:
         # Idle connections may have died with this one (server restart): have the pool
         # check them now rather than fail the next callers one by one.
         with suppress(Exception):  # the pool repairs itself later; this is a head start
             self._pool.check()
-        return StoreUnavailable(f"postgresql: {str(exc).strip() or type(exc).__name__}")
+        what = str(exc).strip() or type(exc).__name__
+        if unclear:
+            return StoreUnavailable(
+                f"postgresql: connection lost while committing ({what})",
+                unclear=True,
+                backend=backend,
+            )
+        return StoreUnavailable(f"postgresql: {what}")
 
     def _write(self, fn: Callable[[_Tx], T]) -> T:
         """Run ``fn`` in one transaction, retrying aborts that say "try again"; publish
         wake-ups only after COMMIT."""
         for attempt in range(_RETRIES):
+            done = False  # fn ran to its end: from here a lost connection may have committed
+            backend: int | None = None
             try:
                 with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                    backend = conn.info.backend_pid
                     tx = _Tx(cur)
                     result = fn(tx)
+                    done = True
                     if self.before_commit is not None:
                         self.before_commit(conn)
             except (pgerr.TransactionRollback, pgerr.UniqueViolation) as exc:
@@ -144,10 +158,32 @@ class PostgresStore(ReadQueries):
                     raise StoreUnavailable(f"postgresql: contention: {exc}") from exc
                 raise
             except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
-                raise self._lost(exc) from exc
+                raise self._lost(exc, unclear=done, backend=backend) from exc
             C.publish_all(self._publish, tx.topics)
             return result
         raise AssertionError("unreachable")
+
+    def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
+        """An unclear commit is decided once the server process that ran it has gone: a
+        backend that received COMMIT finishes it before it notices its client left. So wait
+        for that process id to leave ``pg_stat_activity``; then a read tells the truth."""
+        if not lost.unclear:
+            return True
+        if not isinstance(lost.backend, int):
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                rows = self._read(
+                    "SELECT 1 AS x FROM pg_stat_activity WHERE pid = %s", (lost.backend,)
+                )
+            except StoreUnavailable:
+                return False
+            if not rows:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
         try:
@@ -413,7 +449,16 @@ class PostgresStore(ReadQueries):
             raise ValueError("max_attempts must be at least 1")
         if not tasks:
             return []
-        return self._write(lambda tx: self._enqueue(tx, tasks))
+
+        def go(tx: _Tx) -> list[tuple[Task, bool]]:
+            out = self._enqueue(tx, tasks)
+            self._notes(
+                tx,
+                [C.accept_note(t, n.accept) for n, (t, new) in zip(tasks, out, strict=True) if new],
+            )
+            return out
+
+        return self._write(go)
 
     @staticmethod
     def _enqueue(tx: _Tx, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:

@@ -282,6 +282,11 @@ class SQLiteStore(ReadQueries):
                 raise
         C.publish_all(self._publish, tx.topics)
 
+    def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
+        """Nothing to wait for: a SQLite COMMIT has happened or not by the time the call
+        returns (there is no connection to lose between the two)."""
+        return True
+
     def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
         with self._conn() as conn:
             return conn.execute(sql, params).fetchall()
@@ -538,7 +543,12 @@ class SQLiteStore(ReadQueries):
         if not tasks:
             return []
         with self._write() as tx:
-            return [self._enqueue(tx, t) for t in tasks]
+            out = [self._enqueue(tx, t) for t in tasks]
+            self._notes(
+                tx,
+                [C.accept_note(t, n.accept) for n, (t, new) in zip(tasks, out, strict=True) if new],
+            )
+            return out
 
     def _enqueue(self, tx: _Tx, task: NewTask) -> tuple[Task, bool]:
         row = tx.one(
