@@ -31,6 +31,9 @@ from relay_proc import (
 __all__ = ["db_url_fixture", "relay_fixture", "store_fixture"]
 
 
+JSON_TYPE = {"content-type": "application/json"}
+
+
 def err(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body = response.json()
@@ -178,7 +181,8 @@ def test_agents_add_list_get_and_refusals(relay: RelayProc) -> None:
         assert err(c.post("/api/agents", json={"id": "bad id!"}), 400)
         assert err(c.post("/api/agents", json={"id": "x", "capabilities": ["a b"]}), 400)
         assert err(c.post("/api/agents", json={"id": "x", "capabilities": ["a", "a"]}), 400)
-        assert err(c.post("/api/agents", content=b"{not json"), 400)["code"] == "bad-json"
+        bad = c.post("/api/agents", content=b"{not json", headers=JSON_TYPE)
+        assert err(bad, 400)["code"] == "bad-json"
         assert err(c.post("/api/agents", json=[1]), 400)
         ok(c.post("/api/agents", json={"id": "local/codex"}), 201)
         ids = [a["id"] for a in ok(c.get("/api/agents"))["agents"]]
@@ -365,7 +369,7 @@ def test_oversized_bodies_are_refused(db_url: str, tmp_path: Path) -> None:
                 yield b'"}'
 
             # no Content-Length: counted while streaming, refused past the limit
-            e = err(c.post("/api/agents", content=chunks()), 413)
+            e = err(c.post("/api/agents", content=chunks(), headers=JSON_TYPE), 413)
             assert e["code"] == "payload-too-large"
             assert ok(c.get("/api/agents"))["agents"] == []
             ok(c.post("/api/agents", json={"id": "x", "description": "fits"}), 201)

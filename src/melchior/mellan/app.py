@@ -14,13 +14,41 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from melchior.mellan.relay import Relay
 
 log = logging.getLogger("melchior.mellan")
+
+MAX_HEADER_BYTES = 64 * 1024
+"""Largest request head (request line and headers) accepted; past it, 431."""
+
+
+class HeaderLimit:
+    """Answer ``431`` to a request whose headers, taken together, pass ``limit`` bytes.
+
+    The HTTP parser only bounds a head that is still arriving; one that arrives whole in a
+    few reads is parsed at any size, so the total is measured here too, before any route
+    (or authentication) spends work on it."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_HEADER_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+            if size > self.limit:
+                text = f"request headers are larger than this relay accepts ({self.limit} bytes)"
+                response = PlainTextResponse(text, 431)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -85,7 +113,10 @@ def create_app(relay: Relay) -> Starlette:
             await relay.notifier.stop()
 
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(HeaderLimit)],
     )
     app.state.relay = relay
     return app

@@ -59,6 +59,10 @@ CAPABILITY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 ENROLL_TTL_DEFAULT = 15 * 60
 ENROLL_TTL_MAX = 7 * 24 * 3600
 CODE_PREFIX = "mlj_"
+MAX_DESCRIPTION = 2000
+"""Longest agent or capability description (characters); limits are in docs/mellan.md."""
+MAX_CAPABILITIES = 256
+"""Most capabilities one agent declares, or one grant names."""
 
 
 def _relay(request: Request) -> Relay:
@@ -184,6 +188,8 @@ def _capabilities(raw: Any) -> list[Capability]:
         return []
     if not isinstance(raw, list):
         raise _bad("'capabilities' must be a list of ids or {id, description} objects")
+    if len(raw) > MAX_CAPABILITIES:
+        raise _bad(f"an agent declares at most {MAX_CAPABILITIES} capabilities")
     out: dict[str, Capability] = {}
     for item in raw:
         if isinstance(item, str):
@@ -192,6 +198,10 @@ def _capabilities(raw: Any) -> list[Capability]:
             desc = item.get("description", "")
             if not isinstance(desc, str):
                 raise _bad("a capability's description must be a string")
+            if len(desc) > MAX_DESCRIPTION:
+                raise _bad(
+                    f"a capability's description is longer than {MAX_DESCRIPTION} characters"
+                )
             cap = Capability(item["id"], desc)
         else:
             raise _bad("each capability must be an id string or an {id, description} object")
@@ -217,14 +227,12 @@ async def add_agent(request: Request) -> Response:
     await _owner_only(relay, me, "agent.add")
     body = await read_object(request, relay)
     agent_id = field_str(body, "id")
-    description = field_str(body, "description", required=False)
+    description = field_str(body, "description", required=False, max_len=MAX_DESCRIPTION)
     if not AGENT_ID.match(agent_id):
         raise _bad(
             f"agent id {agent_id!r} is not valid: one to four '/'-separated parts of letters, "
             "digits and . _ - (e.g. 'local/codex', 'private/ops')"
         )
-    if len(description) > 2000:
-        raise _bad("the description is longer than 2000 characters")
     caps = _capabilities(body.get("capabilities"))
     existing = await relay.call(relay.store.get_agent, me.workspace, agent_id)
     conflict = ApiError(
@@ -394,6 +402,10 @@ async def add_grant(request: Request) -> Response:
     caps = body.get("capabilities")
     if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
         raise _bad("'capabilities' must be a non-empty list of capability ids")
+    if len(caps) > MAX_CAPABILITIES or any(len(c) > 128 for c in caps):
+        raise _bad(
+            f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
+        )
     caps = list(dict.fromkeys(caps))
     subject = f"{caller} -> {receiver}"
 

@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["JSONTextError", "Raw", "decode", "encode"]
+__all__ = ["MAX_DEPTH", "JSONTextError", "Raw", "check_request", "decode", "encode", "whole"]
+
+MAX_DEPTH = 100
+"""Deepest nesting of arrays and objects a request body may have (docs/mellan.md, "Limits").
+A2A's own structure uses about six levels, so a caller's data keeps more than ninety."""
 
 
 class JSONTextError(ValueError):
-    """Input that is JSON-shaped but could not survive a faithful round trip."""
+    """Input that is JSON-shaped but could not survive a faithful round trip, or that a
+    relay must not carry. ``path`` names where (``message.parts[0].text``), when known."""
+
+    def __init__(self, reason: str, path: str = "") -> None:
+        super().__init__(f"{path}: {reason}" if path else reason)
+        self.reason = reason
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -89,3 +100,113 @@ def decode(text: str | bytes) -> Any:
     return json.loads(
         text, parse_float=Decimal, parse_constant=_no_constants, object_pairs_hook=_unique_keys
     )
+
+
+# -- what JSON allows but a relay must not carry ----------------------------------------------
+
+
+def _path(entry: tuple[Any, ...] | None) -> str:
+    """The dotted path of a walk entry ``(node, depth, parent_entry, key)``, built only
+    when an error must name it (so the walk itself allocates no strings)."""
+    keys: list[str | int] = []
+    while entry is not None and entry[2] is not None:
+        keys.append(entry[3])
+        entry = entry[2]
+    out = ""
+    for key in reversed(keys):
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)
+    return out
+
+
+def _unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_request(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """Refuse a parsed request body that is valid JSON but not fit to carry: nesting deeper
+    than ``max_depth``, or a string or key holding a lone surrogate (``"\\ud800"`` is valid
+    JSON and not Unicode: it would fail in the first encoder it reached, as a 500).
+
+    One iterative walk, linear in the body's size (bounded by the body limit), so no
+    request can make it recurse or run long; the error names the first offending field.
+    """
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 1, None, None)]
+    while stack:
+        entry = stack.pop()
+        node, depth = entry[0], entry[1]
+        if isinstance(node, str):
+            if not _unicode(node):
+                raise JSONTextError(_SURROGATE, _path(entry) or "body")
+        elif isinstance(node, dict):
+            if depth > max_depth:
+                raise JSONTextError(f"nested deeper than {max_depth} levels", _path(entry))
+            for key, item in node.items():
+                if not _unicode(key):
+                    raise JSONTextError(_SURROGATE_KEY, _path(entry) or "body")
+                stack.append((item, depth + 1, entry, key))
+        elif isinstance(node, list):
+            if depth > max_depth:
+                raise JSONTextError(f"nested deeper than {max_depth} levels", _path(entry))
+            for index, item in enumerate(node):
+                stack.append((item, depth + 1, entry, index))
+
+
+_SURROGATE = "a string holds a lone surrogate (\\ud800-\\udfff); that is not Unicode text"
+_SURROGATE_KEY = "an object key holds a lone surrogate (\\ud800-\\udfff); that is not Unicode text"
+
+
+# -- whole numbers, judged before they are built ----------------------------------------------
+
+_DIGITS = re.compile(r"[+-]?[0-9]{1,19}")
+
+
+def whole(value: Any, lo: int, hi: int, *, text: bool = False) -> int:
+    """The integer ``value`` stands for, if it is whole and within ``lo..hi``; else a
+    ValueError whose message completes "field X …".
+
+    Judged by the size of its spelling *before* any conversion: converting a decimal such
+    as ``1e1000000`` to an int is quadratic in its digits and would stall the event loop
+    for seconds (or run out of memory), so a number whose magnitude is past the range is
+    refused from its exponent alone. With ``text=True`` a decimal string is accepted too
+    (ProtoJSON writes 64-bit integers as strings; query parameters are text), but only
+    ASCII digits: ``"²"`` is a digit to ``str.isdigit`` and not to ``int``.
+    """
+    span = f"must be a whole number between {lo} and {hi}"
+    if isinstance(value, bool):
+        raise ValueError(f"{span}, not true/false")
+    if isinstance(value, str):
+        if not text or _DIGITS.fullmatch(value.strip()) is None:
+            raise ValueError(f"{span}, got {value[:40]!r}")
+        number = int(value.strip())
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, Decimal | float):
+        exact = value if isinstance(value, Decimal) else Decimal(value)
+        if not exact.is_finite():
+            raise ValueError(span)
+        if exact and exact.adjusted() > max(len(str(abs(lo))), len(str(abs(hi)))):
+            raise ValueError(f"{span} (got a number about 1e{exact.adjusted()})")
+        if exact != exact.to_integral_value():
+            raise ValueError(f"{span}, got a fraction")
+        number = int(exact)
+    else:
+        raise ValueError(f"{span}, got {_json_kind(value)}")
+    if not lo <= number <= hi:
+        raise ValueError(f"{span}, got {number}")
+    return number
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

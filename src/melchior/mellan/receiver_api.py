@@ -67,6 +67,8 @@ MAX_WAIT = 60
 EVENT_KINDS = ("status", "artifact", "message")
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 300.0
+MAX_BODY_TEXT = 64 * 1024
+"""Longest failure reason accepted (characters); the first 4000 are kept."""
 
 
 def _relay(request: Request) -> Relay:
@@ -243,7 +245,10 @@ async def fail(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     body = await read_object(request, relay)
     epoch = field_int(body, "epoch", None, 0, 2**62)
-    error = field_str(body, "error")[:4000] or "the receiver reported a failure without a reason"
+    error = (
+        field_str(body, "error", max_len=MAX_BODY_TEXT)[:4000]
+        or "the receiver reported a failure without a reason"
+    )
     retryable = field_bool(body, "retryable", True)
     task = await _own_task(relay, me, task_id)
     retry_after = body.get("retry_after")

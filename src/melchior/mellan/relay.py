@@ -25,6 +25,8 @@ class Relay:
     notifier: Notifier
     public_url: str
     max_body: int = 16 * 1024 * 1024
+    body_deadline: float = 30.0
+    """Seconds a client has to deliver a request body once its headers are in."""
     poll_interval: float = 1.0
     """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
     sweep_interval: float = 5.0

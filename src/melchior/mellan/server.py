@@ -26,10 +26,12 @@ from types import FrameType
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from melchior import __version__
-from melchior.mellan.app import create_app
+from melchior.mellan.app import MAX_HEADER_BYTES, create_app
 from melchior.mellan.auth import hash_token, new_token
 from melchior.mellan.notify import LocalNotifier, Notifier
 from melchior.mellan.relay import Relay
@@ -51,6 +53,7 @@ class RelayOptions:
     owner_token_file: Path | None = None
     mint_owner_token: bool = False
     max_body: int = 16 * 1024 * 1024
+    body_deadline: float = 30.0
     json: bool = False
 
 
@@ -162,6 +165,30 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class HeaderLimitedH11(H11Protocol):
+    """uvicorn's h11 protocol, except that a request head still growing past
+    :data:`MAX_HEADER_BYTES` is answered ``431 Request Header Fields Too Large`` with the
+    reason (as h11 itself hints) instead of a bare "400 Invalid HTTP request". (A head that
+    arrives whole is measured by the app, :class:`~melchior.mellan.app.HeaderLimit`.) A
+    client still sending a huge head may see the connection reset before it reads the
+    answer; that much the server cannot help."""
+
+    def send_400_response(self, msg: str) -> None:
+        pending, _closed = self.conn.trailing_data
+        if self.conn.their_state is not h11.ERROR or len(pending) <= MAX_HEADER_BYTES:
+            super().send_400_response(msg)
+            return
+        text = f"request headers are larger than this relay accepts ({MAX_HEADER_BYTES} bytes)"
+        head = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        for event in (
+            h11.Response(status_code=431, headers=head, reason=b"Request Header Fields Too Large"),
+            h11.Data(data=text.encode("ascii")),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
 class _Server(uvicorn.Server):
     """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
     after shutdown (which would skip closing the store and report a kill to systemd), and
@@ -234,7 +261,13 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         public = (options.public_url or url).rstrip("/")
         token_file = options.owner_token_file or data_dir() / "owner.token"
         bootstrap(store, token_file, public, force=options.mint_owner_token, say=say)
-        relay = Relay(store=store, notifier=notifier, public_url=public, max_body=options.max_body)
+        relay = Relay(
+            store=store,
+            notifier=notifier,
+            public_url=public,
+            max_body=options.max_body,
+            body_deadline=options.body_deadline,
+        )
         app = create_app(relay)
         config = uvicorn.Config(
             app,
@@ -242,6 +275,8 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,
+            http=HeaderLimitedH11,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         server = _Server(config, relay)
         if threading.current_thread() is threading.main_thread():

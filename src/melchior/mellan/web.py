@@ -24,8 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from melchior.mellan.auth import bearer, hash_token
+from melchior.mellan.body import BodyError
+from melchior.mellan.body import read_json as read_json_body
 from melchior.mellan.notify import audit_topic
-from melchior.mellan.rawjson import Raw, decode, encode
+from melchior.mellan.rawjson import Raw, encode, whole
 from melchior.mellan.relay import Relay
 from melchior.mellan.store.base import CredentialKind, Principal, Task, TaskEvent
 
@@ -80,6 +82,20 @@ def store_unavailable(exc: BaseException) -> bool:
     return False
 
 
+def unavailable_reason(exc: BaseException) -> str:
+    """What a 503 may truthfully say: nothing changed, unless the connection was lost while
+    the change was being committed (then it may have taken effect)."""
+    if getattr(exc, "unclear", False):
+        return (
+            "the relay lost its database while committing this request, so it may or may not "
+            "have taken effect; check (e.g. list it) before you retry"
+        )
+    return (
+        "the relay cannot reach its database right now; nothing was changed by this request, "
+        "retry shortly"
+    )
+
+
 def endpoint(fn: Handler) -> Handler:
     """Wrap a handler so refusals and database outages become the JSON errors above."""
 
@@ -94,12 +110,7 @@ def endpoint(fn: Handler) -> Handler:
                 log.warning(
                     "database unavailable during %s %s: %s", request.method, request.url.path, exc
                 )
-                return error_response(
-                    503,
-                    "database-unavailable",
-                    "the relay cannot reach its database right now; nothing was changed by "
-                    "this request, retry shortly",
-                )
+                return error_response(503, "database-unavailable", unavailable_reason(exc))
             log.exception("unexpected error in %s %s", request.method, request.url.path)
             return error_response(
                 500,
@@ -112,40 +123,13 @@ def endpoint(fn: Handler) -> Handler:
 
 
 async def read_json(request: Request, relay: Relay) -> Any:
-    """The request body as exact JSON, refusing bodies over ``relay.max_body`` early.
-
-    A declared ``Content-Length`` over the limit is refused before reading anything; an
-    undeclared (chunked) body is counted while it streams and refused as soon as it passes
-    the limit, so an oversized body is never buffered whole.
-    """
-    limit = relay.max_body
-    declared = request.headers.get("content-length")
-    too_big = ApiError(
-        413,
-        "payload-too-large",
-        f"the request body is larger than this relay accepts ({limit} bytes); "
-        "send large content by reference (a url part) instead",
-    )
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise too_big
-        except ValueError:
-            raise ApiError(400, "bad-request", "Content-Length is not a number") from None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return {}
+    """The request body as exact, checked JSON (an empty body reads as ``{}``); every bound
+    and refusal is :mod:`melchior.mellan.body`'s, answered in this API's error shape."""
     try:
-        return decode(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, "bad-json", f"the request body is not valid JSON: {exc}") from None
+        return await read_json_body(request, relay.max_body, relay.body_deadline, empty={})
+    except BodyError as exc:
+        extra = {"field": exc.path} if exc.path else None
+        raise ApiError(exc.status, exc.code, exc.reason, extra) from None
 
 
 async def read_object(request: Request, relay: Relay) -> dict[str, Any]:
@@ -202,7 +186,15 @@ def actor(principal: Principal) -> str:
 # -- small validators for request fields ---------------------------------------------------------
 
 
-def field_str(body: dict[str, Any], name: str, *, required: bool = True, default: str = "") -> str:
+def field_str(
+    body: dict[str, Any],
+    name: str,
+    *,
+    required: bool = True,
+    default: str = "",
+    max_len: int = 256,
+) -> str:
+    """A string field of at most ``max_len`` characters (the limits are in docs/mellan.md)."""
     value = body.get(name)
     if value is None:
         if required:
@@ -210,29 +202,31 @@ def field_str(body: dict[str, Any], name: str, *, required: bool = True, default
         return default
     if not isinstance(value, str):
         raise ApiError(400, "bad-request", f"field {name!r} must be a string")
+    if len(value) > max_len:
+        raise ApiError(400, "bad-request", f"field {name!r} is longer than {max_len} characters")
     return value
 
 
 def field_int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int:
+    """A whole number in ``lo..hi``, judged by its size before it is converted
+    (:func:`melchior.mellan.rawjson.whole`: ``1e1000000`` costs nothing)."""
     value = body.get(name, default)
     if value is None:
         raise ApiError(400, "bad-request", f"field {name!r} is required")
-    if isinstance(value, bool) or not isinstance(value, int | Decimal):
-        raise ApiError(400, "bad-request", f"field {name!r} must be a whole number")
-    if isinstance(value, Decimal):
-        if value != value.to_integral_value():
-            raise ApiError(400, "bad-request", f"field {name!r} must be a whole number")
-        value = int(value)
-    if not lo <= value <= hi:
-        raise ApiError(400, "bad-request", f"field {name!r} must be between {lo} and {hi}")
-    return value
+    try:
+        return whole(value, lo, hi)
+    except ValueError as exc:
+        raise ApiError(400, "bad-request", f"field {name!r} {exc}") from None
 
 
 def field_number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         raise ApiError(400, "bad-request", f"field {name!r} must be a number")
-    number = float(value)
+    if isinstance(value, Decimal) and (not value.is_finite() or value.adjusted() > 300):
+        number = float("inf")  # decided from the exponent; no conversion of a huge number
+    else:
+        number = float(value)
     if not lo <= number <= hi:
         raise ApiError(400, "bad-request", f"field {name!r} must be between {lo:g} and {hi:g}")
     return number
@@ -250,14 +244,9 @@ def query_int(request: Request, name: str, default: int, lo: int, hi: int) -> in
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "bad-request", f"query parameter {name!r} must be a whole number"
-        ) from None
-    if not lo <= value <= hi:
-        raise ApiError(400, "bad-request", f"query parameter {name!r} must be in {lo}..{hi}")
-    return value
+        return whole(raw, lo, hi, text=True)
+    except ValueError as exc:
+        raise ApiError(400, "bad-request", f"query parameter {name!r} {exc}") from None
 
 
 # -- views of stored values ----------------------------------------------------------------------

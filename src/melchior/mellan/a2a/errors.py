@@ -27,6 +27,7 @@ _GRPC_STATUS = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
     415: "INVALID_ARGUMENT",
     500: "INTERNAL",
@@ -202,6 +203,14 @@ class Unavailable(A2AError):
     default_message = "The relay's database is unavailable; nothing was stored, retry later"
 
 
+class RequestTimeout(A2AError):
+    """The request body did not arrive within the relay's deadline (HTTP 408)."""
+
+    code, http, grpc, reason = -32600, 408, "DEADLINE_EXCEEDED", "REQUEST_TIMEOUT"
+    domain = RELAY_DOMAIN
+    default_message = "The request body did not arrive in time"
+
+
 class PayloadTooLarge(A2AError):
     code, http, grpc, reason = -32600, 413, "INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE"
     domain = RELAY_DOMAIN
@@ -230,6 +239,11 @@ def translate(exc: Exception) -> A2AError:
     if isinstance(exc, A2AError):
         return exc
     if isinstance(exc, StoreUnavailable):
+        if exc.unclear:
+            return Unavailable(
+                "The relay lost its database while committing; the change may or may not "
+                "have been made. Look (GetTask/ListTasks) before retrying"
+            )
         return Unavailable()
     log.exception("a2a request failed", exc_info=exc)
     return InternalError("the relay failed to handle this request; it has been logged")

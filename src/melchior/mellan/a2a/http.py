@@ -7,12 +7,24 @@ parsed (a ``text/plain`` body is refused as such, not as bad JSON), and a missin
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 
-from melchior.mellan.a2a.errors import ContentTypeNotSupported, PayloadTooLarge, VersionNotSupported
+from melchior.mellan import body
+from melchior.mellan.a2a.errors import (
+    A2AError,
+    ContentTypeNotSupported,
+    InvalidParams,
+    InvalidRequest,
+    ParseError,
+    PayloadTooLarge,
+    RequestTimeout,
+    VersionNotSupported,
+)
+from melchior.mellan.relay import Relay
 
 VERSION_HEADER = "A2A-Version"
-JSON_TYPES = ("application/json", "application/a2a+json")
 A2A_JSON = "application/a2a+json"
 
 
@@ -29,31 +41,37 @@ def check_version(request: Request) -> None:
 
 
 def has_body(request: Request) -> bool:
-    length = request.headers.get("content-length")
-    if length is not None:
-        return length.strip() not in ("", "0")
-    return "transfer-encoding" in request.headers
+    try:
+        return body.has_body(request)
+    except body.BodyError as exc:
+        raise as_a2a(exc) from None
 
 
-def check_content_type(request: Request) -> None:
-    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if ctype not in JSON_TYPES:
-        raise ContentTypeNotSupported(
-            f"content type {ctype or '(none)'!r} is not supported; send application/json "
-            "or application/a2a+json",
-            metadata={"contentType": ctype},
+def as_a2a(exc: body.BodyError) -> A2AError:
+    """A refused body (:mod:`melchior.mellan.body`, the rules shared by every surface) as
+    the A2A error a caller of either binding expects."""
+    if exc.status == 413:
+        return PayloadTooLarge(exc.reason)
+    if exc.status == 408:
+        return RequestTimeout(exc.reason)
+    if exc.status == 415:
+        return ContentTypeNotSupported(exc.reason)
+    if exc.path:
+        return InvalidParams(exc.reason, violations=[(exc.path, exc.reason)])
+    if exc.code == "bad-request":
+        return InvalidRequest(exc.reason)
+    return ParseError(exc.reason)
+
+
+async def read_json(request: Request, relay: Relay, *, optional: bool = False) -> Any:
+    """The request's JSON (content type, size, deadline, UTF-8, fitness: all checked);
+    with ``optional`` an absent or blank body reads as ``{}``."""
+    try:
+        return await body.read_json(
+            request, relay.max_body, relay.body_deadline, empty={} if optional else None
         )
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    except body.BodyError as exc:
+        raise as_a2a(exc) from None
 
 
 def response_type(request: Request) -> str:

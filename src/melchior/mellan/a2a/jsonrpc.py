@@ -24,6 +24,7 @@ from melchior.mellan.a2a.errors import (
     InvalidRequest,
     MethodNotFound,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthenticated,
     Unavailable,
     translate,
@@ -36,7 +37,9 @@ RequestId = str | int | None
 
 
 def _status(err: A2AError) -> int:
-    if isinstance(err, Unauthenticated | Forbidden | PayloadTooLarge | Unavailable):
+    if isinstance(
+        err, Unauthenticated | Forbidden | PayloadTooLarge | RequestTimeout | Unavailable
+    ):
         return err.http
     return 200
 
@@ -82,8 +85,7 @@ def request_id(body: Any) -> RequestId:
 async def handle(relay: Relay, request: Request, target: Target) -> Response:
     rid: RequestId = None
     try:
-        http.check_content_type(request)
-        body = jsontext.loads(await http.read_body(request, relay.max_body))
+        body = await http.read_json(request, relay)
         rid = request_id(body)
         rid, method, params = envelope(body)
         http.check_version(request)

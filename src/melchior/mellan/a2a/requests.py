@@ -16,6 +16,7 @@ from typing import Any
 
 from melchior.mellan.a2a.errors import InvalidParams, PushNotificationNotSupported
 from melchior.mellan.a2a.timefmt import parse_ts
+from melchior.mellan.rawjson import whole
 
 PART_KINDS = ("text", "raw", "url", "data")
 TASK_STATES = (
@@ -30,6 +31,13 @@ TASK_STATES = (
 )
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 100
+INT32_MAX = 2**31 - 1
+MAX_ID = 256
+"""Longest messageId, contextId, taskId or pageToken accepted (docs/a2a.md, "Limits")."""
+MAX_PARTS = 512
+"""Most parts one message may carry."""
+MAX_LIST = 64
+"""Most entries in ``extensions``, ``referenceTaskIds`` and ``acceptedOutputModes``."""
 
 
 def _bad(field_name: str, why: str) -> InvalidParams:
@@ -64,6 +72,8 @@ def _str_list(parent: Mapping[str, Any], key: str, name: str) -> None:
         return
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _bad(name, "must be a list of strings")
+    if len(value) > MAX_LIST or any(len(v) > 2048 for v in value):
+        raise _bad(name, f"must hold at most {MAX_LIST} strings of at most 2048 characters")
 
 
 def _kind(value: Any) -> str:
@@ -80,25 +90,22 @@ def _kind(value: Any) -> str:
     return "object"
 
 
-def opt_int(value: Any, name: str, *, minimum: int = 0) -> int | None:
-    """An int32-ish field: ProtoJSON allows numbers or decimal strings."""
+def opt_int(value: Any, name: str, *, minimum: int = 0, maximum: int = INT32_MAX) -> int | None:
+    """An int32 field: ProtoJSON allows numbers or decimal strings. Judged by its size
+    before conversion (:func:`melchior.mellan.rawjson.whole`), so ``1e1000000`` or five
+    thousand digits are refused at once, and only ASCII digits count as digits."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise _bad(name, "must be a whole number, got boolean")
-    if isinstance(value, str):
-        text = value.strip()
-        if not text.lstrip("-").isdigit():
-            raise _bad(name, f"must be a whole number, got {value!r}")
-        value = int(text)
-    if isinstance(value, float | Decimal):
-        if value != int(value):
-            raise _bad(name, f"must be a whole number, got {value!r}")
-        value = int(value)
-    if not isinstance(value, int):
-        raise _bad(name, f"must be a whole number, got {_kind(value)}")
-    if value < minimum:
-        raise _bad(name, f"must be at least {minimum}, got {value}")
+    try:
+        return whole(value, minimum, maximum, text=True)
+    except ValueError as exc:
+        raise _bad(name, str(exc)) from None
+
+
+def _bounded_id(parent: Mapping[str, Any], key: str, name: str) -> str | None:
+    value = _opt_str(parent, key, name)
+    if value is not None and len(value) > MAX_ID:
+        raise _bad(name, f"must be at most {MAX_ID} characters, got {len(value)}")
     return value
 
 
@@ -136,6 +143,8 @@ def check_message(message: Any, name: str = "message") -> dict[str, Any]:
     mid = m.get("messageId")
     if not isinstance(mid, str) or not mid:
         raise _bad(f"{name}.messageId", "is required and must be a non-empty string")
+    if len(mid) > MAX_ID:
+        raise _bad(f"{name}.messageId", f"must be at most {MAX_ID} characters, got {len(mid)}")
     role = m.get("role")
     if role != "ROLE_USER":
         raise _bad(
@@ -145,10 +154,12 @@ def check_message(message: Any, name: str = "message") -> dict[str, Any]:
     parts = m.get("parts")
     if not isinstance(parts, list) or not parts:
         raise _bad(f"{name}.parts", "must be a non-empty list of parts")
+    if len(parts) > MAX_PARTS:
+        raise _bad(f"{name}.parts", f"must hold at most {MAX_PARTS} parts, got {len(parts)}")
     for i, part in enumerate(parts):
         check_part(part, f"{name}.parts[{i}]")
     for key in ("taskId", "contextId"):
-        value = _opt_str(m, key, f"{name}.{key}")
+        value = _bounded_id(m, key, f"{name}.{key}")
         if value == "":
             m.pop(key)  # ProtoJSON clients may send empty strings for unset ids
     _opt_obj(m, "metadata", f"{name}.metadata")
@@ -199,6 +210,8 @@ def parse_task_ref(params: Any, *, history: bool = False) -> TaskRef:
     tid = p.get("id")
     if not isinstance(tid, str) or not tid:
         raise _bad("id", "is required and must be a non-empty string")
+    if len(tid) > MAX_ID:
+        raise _bad("id", f"must be at most {MAX_ID} characters, got {len(tid)}")
     hist = opt_int(p.get("historyLength"), "historyLength") if history else None
     return TaskRef(tid, hist)
 
@@ -216,18 +229,16 @@ class ListRequest:
 
 def parse_list(params: Any) -> ListRequest:
     p = _obj(params, "params")
-    ctx = _opt_str(p, "contextId", "contextId") or None
+    ctx = _bounded_id(p, "contextId", "contextId") or None
     status = _opt_str(p, "status", "status") or None
     if status == "TASK_STATE_UNSPECIFIED":
         status = None
     if status is not None and status not in TASK_STATES:
         raise _bad("status", f"unknown task state {status!r}")
-    size = opt_int(p.get("pageSize"), "pageSize")
+    size = opt_int(p.get("pageSize"), "pageSize", maximum=MAX_PAGE_SIZE)
     if size is None or size == 0:
         size = DEFAULT_PAGE_SIZE
-    if size > MAX_PAGE_SIZE:
-        raise _bad("pageSize", f"must be at most {MAX_PAGE_SIZE}, got {size}")
-    token = _opt_str(p, "pageToken", "pageToken") or None
+    token = _bounded_id(p, "pageToken", "pageToken") or None
     hist = opt_int(p.get("historyLength"), "historyLength")
     after = _opt_str(p, "statusTimestampAfter", "statusTimestampAfter") or None
     if after is not None:

@@ -68,10 +68,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
         http.check_version(request)
         body: Any = None
         if needs_body or (request.method == "POST" and http.has_body(request)):
-            http.check_content_type(request)
-            raw = await http.read_body(request, relay.max_body)
-            if raw.strip() or needs_body:
-                body = jsontext.loads(raw)
+            body = await http.read_json(request, relay, optional=not needs_body)
         if needs_body:
             params = body
         elif isinstance(body, dict):

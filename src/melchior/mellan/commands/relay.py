@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="largest request body accepted (default 16 MiB)",
     )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a client has to send a whole request body (default 30; then 408)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -57,6 +64,9 @@ def run(ns: argparse.Namespace) -> int:
 
     if not 0 <= ns.port <= 65535:
         print(f"mellan relay: --port {ns.port} is not a port number (0-65535)")
+        return 2
+    if not 0 < ns.body_timeout <= 3600:
+        print(f"mellan relay: --body-timeout {ns.body_timeout} must be in (0, 3600] seconds")
         return 2
     return serve(
         RelayOptions(
@@ -67,6 +77,7 @@ def run(ns: argparse.Namespace) -> int:
             owner_token_file=ns.owner_token_file,
             mint_owner_token=ns.mint_owner_token,
             max_body=ns.max_body,
+            body_deadline=ns.body_timeout,
             json=ns.json,
         )
     )
