@@ -1,0 +1,1 @@
+"""Talking to LLM providers: the SSE byte parser, bounded HTTP, clients, model discovery."""
