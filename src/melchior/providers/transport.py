@@ -42,7 +42,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -146,7 +146,7 @@ async def retrying(
     *,
     provider: str = "",
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> AsyncIterator[T | Restarted]:
+) -> AsyncGenerator[T | Restarted, None]:
     """Run ``attempt()`` until it finishes, retrying retryable failures within ``policy``.
 
     A failure before the attempt yielded anything is retried silently; one after it
@@ -176,6 +176,34 @@ async def retrying(
             number += 1
             if yielded:
                 yield Restarted(number, str(exc))
+        await sleep(wait)
+
+
+async def retry_call(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    provider: str = "",
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Await ``call()`` until it returns, retrying retryable failures within ``policy``."""
+    number = 1
+    while True:
+        try:
+            return await call()
+        except ProviderError as exc:
+            wait = policy.delay(number, exc)
+            if wait is None:
+                raise
+            log.warning(
+                "provider %s: attempt %d of %d failed (%s); retrying in %.2f s",
+                provider or "?",
+                number,
+                policy.attempts,
+                exc,
+                wait,
+            )
+            number += 1
         await sleep(wait)
 
 
@@ -394,7 +422,7 @@ class ProviderHTTP:
 
     async def events(
         self, path: str, json_body: Any, *, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[SSEEvent]:
+    ) -> AsyncGenerator[SSEEvent, None]:
         """POST ``json_body`` and yield the SSE events of the answer: one attempt.
 
         Raises a status error (body read within bounds) unless the answer is a success

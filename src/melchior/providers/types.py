@@ -135,3 +135,8 @@ class Generation:
     stop_reason: str
     usage: Usage | None = None
     attempts: int = 1
+
+
+ModelCard = dict[str, Any]
+"""One model as ``melchior models`` lists it: ``provider``, ``id``, ``kind``, then
+whatever the listing gave (``display_name``, ``context_window``, ``created``, …)."""
