@@ -165,7 +165,7 @@ async def retrying(
             wait = policy.delay(number, exc)
             if wait is None:
                 raise
-            log.warning(
+            log.info(
                 "provider %s: attempt %d of %d failed (%s); retrying in %.2f s",
                 provider or "?",
                 number,
@@ -195,7 +195,7 @@ async def retry_call(
             wait = policy.delay(number, exc)
             if wait is None:
                 raise
-            log.warning(
+            log.info(
                 "provider %s: attempt %d of %d failed (%s); retrying in %.2f s",
                 provider or "?",
                 number,
