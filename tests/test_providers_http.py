@@ -33,6 +33,7 @@ from melchior.providers.errors import (
     ServerError,
     TransportError,
 )
+from melchior.providers.oauth import TokenSet, refresh_token, request_token
 from melchior.providers.sse import SSEEvent
 from melchior.providers.transport import (
     Limits,
@@ -626,3 +627,39 @@ def test_the_base_url_path_and_query_are_kept_under_every_path() -> None:
 
         assert asyncio.run(main()) == {"ok": 1}
         assert server.requests[0].target == "/api/v1/models?tenant=t1&limit=5"
+
+
+# --- the OAuth helpers on top of control exchanges ---
+
+
+def test_a_refresh_returns_a_token_set_that_hides_its_tokens() -> None:
+    answer = {"access_token": SECRET, "refresh_token": SECRET + "r", "expires_in": 3600}
+    with LoopbackServer(json_reply(answer)) as server:
+
+        async def main() -> TokenSet:
+            async with ProviderHTTP(server.url) as http:
+                return await refresh_token(
+                    http, server.url + "/token", "old-refresh", client_id="cli", now=1000.0
+                )
+
+        tokens = asyncio.run(main())
+        form = server.requests[0].body.decode()
+    assert form == "grant_type=refresh_token&refresh_token=old-refresh&client_id=cli"
+    assert tokens.access_token == SECRET and tokens.refresh_token == SECRET + "r"
+    assert tokens.expires_at == 4600.0 and tokens.token_type == "Bearer"
+    assert SECRET not in repr(tokens)
+
+
+@pytest.mark.parametrize(
+    "answer", [b"not json", b"[1]", b'{"token_type": "Bearer"}', b'{"access_token": ""}']
+)
+def test_a_token_answer_without_a_token_is_malformed(answer: bytes) -> None:
+    with LoopbackServer(json_reply(None)) as server:
+        server.handler = lambda r, c: c.reply(200, answer)
+
+        async def main() -> TokenSet:
+            async with ProviderHTTP(server.url) as http:
+                return await request_token(http, server.url + "/token", {"grant_type": "x"})
+
+        with pytest.raises(MalformedResponse):
+            asyncio.run(main())
