@@ -537,3 +537,92 @@ def test_generate_refuses_a_stream_without_done() -> None:
 
     with pytest.raises(MalformedStream):
         asyncio.run(generate(events()))
+
+
+# --- OpenAI Responses API ---
+
+
+def responses_sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(sse(e, event=str(e["type"])) for e in events)
+
+
+RESPONSES_STREAM = responses_sse(
+    {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}},
+    {"type": "response.output_text.delta", "item_id": "msg_1", "delta": "Hello, "},
+    {"type": "response.output_text.delta", "item_id": "msg_1", "delta": "wörld ✓"},
+    {
+        "type": "response.output_item.added",
+        "output_index": 1,
+        "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "send_to"},
+    },
+    *[
+        {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "delta": part}
+        for part in PARTS
+    ],
+    {
+        "type": "response.output_item.done",
+        "output_index": 1,
+        "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "send_to"},
+    },
+    {
+        "type": "response.completed",
+        "response": {
+            "status": "completed",
+            "usage": {
+                "input_tokens": 30,
+                "output_tokens": 9,
+                "input_tokens_details": {"cached_tokens": 0},
+            },
+        },
+    },
+)
+
+
+@pytest.mark.parametrize("size", [3, 100_000])
+def test_responses_stream_gives_text_calls_usage_and_done(size: int) -> None:
+    with LoopbackServer(served(RESPONSES_STREAM, size)) as server:
+        got = asyncio.run(events_of(server, "openai-responses"))
+        sent = server.requests[0]
+    assert got == [
+        TextDelta("Hello, "),
+        TextDelta("wörld ✓"),
+        ToolCall("call_1", "send_to", {"to": "東京-team", "text": "😀 ünïcode"}, ARGS),
+        Usage(input_tokens=30, output_tokens=9, cache_read_tokens=0),
+        Done("tool_calls"),
+    ]
+    body = sent.json()
+    assert sent.path == "/v1/responses" and body["store"] is False
+    assert body["instructions"] == "be brief" and body["max_output_tokens"] == 64
+    assert body["tools"][0]["name"] == "send_to" and body["tools"][0]["type"] == "function"
+    assert body["input"] == [
+        {"role": "user", "content": "hello"},
+        {"type": "function_call", "call_id": "c0", "name": "team", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c0", "output": '["alpha","beta"]'},
+        {"role": "user", "content": "now write to alpha"},
+    ]
+
+
+def test_responses_incomplete_is_terminal_with_its_reason() -> None:
+    body = responses_sse(
+        {"type": "response.output_text.delta", "delta": "long"},
+        {
+            "type": "response.incomplete",
+            "response": {"incomplete_details": {"reason": "max_output_tokens"}},
+        },
+    )
+    with LoopbackServer(served(body)) as server:
+        got = asyncio.run(events_of(server, "openai-responses"))
+    assert got == [TextDelta("long"), Done("max_output_tokens")]
+
+
+def test_responses_without_completed_or_with_failed_is_a_failed_attempt() -> None:
+    unfinished = RESPONSES_STREAM[: RESPONSES_STREAM.index(b"event: response.completed")]
+    with LoopbackServer(served(unfinished)) as server, pytest.raises(MalformedStream):
+        asyncio.run(events_of(server, "openai-responses", retry=ONCE))
+    failed = responses_sse(
+        {"type": "response.failed", "response": {"error": {"code": "server_error"}}}
+    )
+    with LoopbackServer(served(failed)) as server:
+        with pytest.raises(StreamError) as err:
+            asyncio.run(events_of(server, "openai-responses"))
+        assert len(server.requests) == 3 and err.value.retryable

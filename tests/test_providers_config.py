@@ -49,7 +49,10 @@ models = ["claude-a", "claude-b"]
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ('kind = "gemini"', "kind must be one of 'openai', 'anthropic', 'ollama'"),
+        (
+            'kind = "gemini"',
+            "kind must be one of 'openai', 'openai-responses', 'anthropic', 'ollama'",
+        ),
         ("", "kind must be one of"),
         ('kind = "openai"\ndiscovr = true', "unknown key 'discovr'"),
         ('kind = "openai"\ndiscover = "yes"', "discover must be true or false"),

@@ -1,7 +1,8 @@
 """List the models your configured providers offer; no inference is run.
 
 Providers are the [providers.NAME] tables of $XDG_CONFIG_HOME/melchior/config.toml
-(kind = "openai" | "anthropic" | "ollama", base_url, api_key_env, discover, models).
+(kind = "openai" | "openai-responses" | "anthropic" | "ollama", base_url, api_key_env,
+discover, models).
 A provider with discover = true is asked for its listing, which is kept for 24 hours
 in $XDG_CACHE_HOME/melchior/models/; --refresh asks again whatever the cache says. A
 successful listing, even an empty one, replaces the cached one; a failed request keeps

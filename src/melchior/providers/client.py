@@ -168,10 +168,11 @@ def provider_for(
 ) -> ProviderClient:
     """The client for ``config.kind``. Raises CredentialMissing if its key is unset."""
     from melchior.providers.anthropic import AnthropicMessages
-    from melchior.providers.openai import OllamaChat, OpenAIChat
+    from melchior.providers.openai import OllamaChat, OpenAIChat, OpenAIResponses
 
     classes: dict[str, type[ProviderClient]] = {
         "openai": OpenAIChat,
+        "openai-responses": OpenAIResponses,
         "anthropic": AnthropicMessages,
         "ollama": OllamaChat,
     }

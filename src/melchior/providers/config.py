@@ -4,7 +4,7 @@ The file is the one :mod:`melchior.session.config` reads ``melchior.talk`` from,
 ``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
 
     [providers.openai]
-    kind = "openai"                       # openai | anthropic | ollama
+    kind = "openai"                       # openai | openai-responses | anthropic | ollama
     api_key_env = "OPENAI_API_KEY"        # the variable's NAME; the key stays in the env
 
     [providers.local]
@@ -40,10 +40,11 @@ from melchior.providers.errors import CredentialMissing
 from melchior.providers.redact import redact_url
 from melchior.session.config import ConfigError, config_path
 
-Kind = Literal["openai", "anthropic", "ollama"]
-KINDS: tuple[Kind, ...] = ("openai", "anthropic", "ollama")
+Kind = Literal["openai", "openai-responses", "anthropic", "ollama"]
+KINDS: tuple[Kind, ...] = ("openai", "openai-responses", "anthropic", "ollama")
 DEFAULT_BASE_URLS: dict[Kind, str] = {
     "openai": "https://api.openai.com/v1",
+    "openai-responses": "https://api.openai.com/v1",
     "anthropic": "https://api.anthropic.com",
     "ollama": "http://127.0.0.1:11434",
 }

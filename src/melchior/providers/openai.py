@@ -284,3 +284,159 @@ def _epoch(value: Any) -> str | None:
         return None
     moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+
+
+def responses_input(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The conversation as Responses API input items (calls and outputs are items)."""
+    out: list[dict[str, Any]] = []
+    for message in request.messages:
+        if message.role == "tool":
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.tool_call_id,
+                    "output": message.text,
+                }
+            )
+            continue
+        if message.text or not message.tool_calls:
+            out.append({"role": message.role, "content": message.text})
+        for call in message.tool_calls:
+            out.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments_json,
+                }
+            )
+    return out
+
+
+class _ResponseEvents:
+    """What one Responses attempt has assembled so far."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self.calls: dict[str, _Call] = {}  # by item id
+        self.arguments = ToolArguments(provider)
+        self.called = False
+
+    def feed(self, kind: str, event: dict[str, Any]) -> list[GenerationEvent]:
+        if kind == "response.output_text.delta":
+            text = event.get("delta")
+            return [TextDelta(text)] if isinstance(text, str) and text else []
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            item = event.get("item")
+            if not isinstance(item, dict) or item.get("type") != "function_call":
+                return []
+            key = str(item.get("id") or item.get("call_id") or "")
+            call = self.calls.setdefault(key, _Call())
+            call.id = str(item.get("call_id") or call.id or key)
+            call.name = str(item.get("name") or call.name)
+            if kind == "response.output_item.added":
+                return []
+            self.calls.pop(key, None)
+            self.called = True
+            whole = item.get("arguments")
+            raw = whole if isinstance(whole, str) and whole else "".join(call.parts)
+            return [tool_call(call.id, call.name, raw)]
+        if kind == "response.function_call_arguments.delta":
+            fragment = event.get("delta")
+            key = str(event.get("item_id") or "")
+            if isinstance(fragment, str):
+                self.arguments.add(self.calls.setdefault(key, _Call()).parts, fragment)
+            return []
+        if kind in ("response.failed", "error"):
+            response = event.get("response")
+            error = response.get("error") if isinstance(response, dict) else event
+            detail = error if isinstance(error, dict) else {}
+            code = safe_code(detail.get("code") or detail.get("type"))
+            raise StreamError(
+                f"provider {self.provider!r} reported an error in the stream ({code})",
+                code=code,
+                retryable=code in RETRYABLE_CODES,
+                provider=self.provider,
+            )
+        return []
+
+    def finished(self, kind: str, event: dict[str, Any]) -> list[GenerationEvent]:
+        response = event.get("response")
+        body: dict[str, Any] = response if isinstance(response, dict) else {}
+        out: list[GenerationEvent] = []
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            details = usage.get("input_tokens_details")
+            cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+            out.append(
+                Usage(
+                    input_tokens=count(usage.get("input_tokens")),
+                    output_tokens=count(usage.get("output_tokens")),
+                    cache_read_tokens=cached,
+                    cost=money(usage.get("cost")),
+                )
+            )
+        reason = "tool_calls" if self.called else "stop"
+        if kind == "response.incomplete":
+            details = body.get("incomplete_details")
+            said = details.get("reason") if isinstance(details, dict) else None
+            reason = said if isinstance(said, str) and said else "incomplete"
+        out.append(Done(reason))
+        return out
+
+
+class OpenAIResponses(OpenAIChat):
+    """The OpenAI Responses API: ``POST {base_url}/responses`` with ``stream: true``.
+
+    Terminal events: ``response.completed`` (stop reason ``stop`` or ``tool_calls``)
+    and ``response.incomplete`` (its reason, e.g. ``max_output_tokens``). A function
+    call is yielded at its ``response.output_item.done``. Requests are sent with
+    ``store: false``: the conversation travels in every request and is not kept.
+    """
+
+    kind = "openai-responses"
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model,
+            "input": responses_input(request),
+            "stream": True,
+            "store": False,
+            "max_output_tokens": request.max_tokens,
+        }
+        if request.system:
+            body["instructions"] = request.system
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": dict(tool.parameters),
+                }
+                for tool in request.tools
+            ]
+        return body
+
+    async def attempt(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        state = _ResponseEvents(self.name)
+        events = self.http.events("responses", self.body(request))
+        async with contextlib.aclosing(events):
+            async for event in events:
+                data = event_json(event, self.name)
+                kind = str(data.get("type") or event.event)
+                if kind in RESPONSES_TERMINAL:
+                    for item in state.finished(kind, data):
+                        yield item
+                    return
+                for item in state.feed(kind, data):
+                    yield item
+        raise MalformedStream(
+            f"provider {self.name!r}: the stream ended without response.completed",
+            provider=self.name,
+        )
