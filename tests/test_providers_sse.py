@@ -11,7 +11,6 @@ endings, comments and chunking and reads them back.
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import random
 import zlib
 from collections.abc import Iterator, Sequence
@@ -369,7 +368,7 @@ def test_serialized_events_come_back_identical(
         expected.append(E("\n".join(data), name or "message", last_id, retry))
     if drop_final_blank and lines:
         lines.pop()
-        expected[-1] = dataclasses.replace(expected[-1], tail=True)
+        expected[-1] = expected[-1]._replace(tail=True)
     body, previous = [], ""
     for i, line in enumerate(lines):
         ending = endings[i % len(endings)]
