@@ -57,6 +57,8 @@ models = ["claude-a", "claude-b"]
         ('kind = "openai"\ndiscovr = true', "unknown key 'discovr'"),
         ('kind = "openai"\ndiscover = "yes"', "discover must be true or false"),
         ('kind = "openai"\nbase_url = "ftp://x"', "must be an http:// or https:// URL"),
+        ('kind = "openai"\nbase_url = "http://[::1"', "must be an http:// or https:// URL"),
+        ('kind = "openai"\nbase_url = "https:///v1"', "must be an http:// or https:// URL"),
         ('kind = "openai"\nmodels = "m"', "models must be a list"),
         ('kind = "openai"\nmodels = [""]', "models must be a list"),
     ],

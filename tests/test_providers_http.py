@@ -663,3 +663,9 @@ def test_a_token_answer_without_a_token_is_malformed(answer: bytes) -> None:
 
         with pytest.raises(MalformedResponse):
             asyncio.run(main())
+
+
+def test_an_unparseable_base_url_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ProviderError) as err:
+        ProviderHTTP(f"http://u:{SECRET}@[::1", name="p")
+    assert not err.value.retryable and _leaks(err.value, SECRET) == []

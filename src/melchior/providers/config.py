@@ -97,7 +97,18 @@ class ProviderConfig:
 def _check_url(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}.base_url must be a non-empty string")
-    if not re.match(r"https?://[^/?#\s]+", value) or any(c.isspace() for c in value):
+    import httpx
+
+    try:
+        parsed = httpx.URL(value)
+    except httpx.InvalidURL:
+        parsed = None
+    if (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.host
+        or any(c.isspace() for c in value)
+    ):
         raise ConfigError(
             f"{where}.base_url must be an http:// or https:// URL, got {redact_url(value)!r}"
         )

@@ -313,7 +313,13 @@ class ProviderHTTP:
         limits: Limits | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.base = httpx.URL(base_url)
+        try:
+            self.base = httpx.URL(base_url)
+        except httpx.InvalidURL:
+            raise ProviderError(
+                f"provider {name!r}: base_url {redact_url(base_url)!r} is not a URL",
+                provider=name,
+            ) from None
         self.name = name
         self.limits = limits or Limits()
         self._headers = dict(headers or {})
