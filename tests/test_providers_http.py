@@ -669,3 +669,29 @@ def test_an_unparseable_base_url_is_refused_without_echoing_it() -> None:
     with pytest.raises(ProviderError) as err:
         ProviderHTTP(f"http://u:{SECRET}@[::1", name="p")
     assert not err.value.retryable and _leaks(err.value, SECRET) == []
+
+
+def test_a_successful_stream_has_no_total_cap_of_time_or_size() -> None:
+    """The error-body bounds never apply to a generation that keeps streaming."""
+
+    async def long(request: Request, conn: Conn) -> None:
+        await conn.head(200, {"content-type": "text/event-stream"})
+        for i in range(30):  # 0.6 s, three times the error-body deadline
+            await conn.chunk(b"data: " + b"%02d" % i + b"." * 98 + b"\n\n")
+            await asyncio.sleep(0.02)
+        await conn.end()
+
+    with LoopbackServer(long) as server:
+        limits = Limits(error_body_deadline=0.2, error_body_chars=100, control_deadline=0.2)
+        got = asyncio.run(attempt(server, limits))
+    assert [e.data[:2] for e in got] == [f"{i:02d}" for i in range(30)]
+    assert sum(len(e.data) for e in got) == 3000
+
+
+def test_a_strange_content_type_is_not_echoed() -> None:
+    async def odd(request: Request, conn: Conn) -> None:
+        await conn.reply(200, b"hello", content_type=f"{SECRET} {SECRET}")
+
+    with LoopbackServer(odd) as server, pytest.raises(NotAStream) as err:
+        asyncio.run(attempt(server))
+    assert _leaks(err.value, SECRET) == [] and "'unusual'" in str(err.value)

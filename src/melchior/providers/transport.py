@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ INACTIVITY = 180.0
 CONNECT_TIMEOUT = 30.0
 LISTING_BYTES = 8 * 1024 * 1024
 LISTING_DEADLINE = 60.0
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][\w.+-]{0,40}/[A-Za-z0-9][\w.+-]{0,60}|none")
 RETRY_AFTER_MAX_TEXT = 64
 """A ``Retry-After`` value longer than this is ignored before it is parsed."""
 
@@ -323,7 +325,9 @@ class ProviderHTTP:
         self.name = name
         self.limits = limits or Limits()
         self._headers = dict(headers or {})
-        self._secrets = tuple(v for v in self._headers.values() if len(v) >= 6)
+        values = [*self._headers.values()]
+        values += [v.split(" ", 1)[1] for v in values if " " in v]  # "Bearer <key>"
+        self._secrets = tuple(v for v in values if len(v) >= 6)
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=self.limits.timeout(), follow_redirects=False
@@ -407,7 +411,8 @@ class ProviderHTTP:
         notes = []
         if cls is NotAStream:
             media = response.headers.get("content-type", "none").split(";", 1)[0].strip()
-            notes.append(f"content-type {media[:60]!r}, not text/event-stream")
+            shown = media if _MEDIA_TYPE.fullmatch(media) else "unusual"
+            notes.append(f"content-type {shown!r}, not text/event-stream")
         if retry_after is not None:
             notes.append(f"Retry-After {retry_after:g} s")
         if body.complete:
@@ -446,7 +451,7 @@ class ProviderHTTP:
             headers={"accept": "text/event-stream", **(headers or {})},
         )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._client.send(request, stream=True, follow_redirects=False)
         except httpx.HTTPError as exc:
             raise self.transport_error(exc, what) from None
         try:
@@ -490,7 +495,7 @@ class ProviderHTTP:
         response: httpx.Response | None = None
         try:
             async with asyncio.timeout_at(ends):
-                response = await self._client.send(request, stream=True)
+                response = await self._client.send(request, stream=True, follow_redirects=False)
                 if response.is_success:
                     async for chunk in response.aiter_bytes():
                         buf += chunk
@@ -549,7 +554,7 @@ class ProviderHTTP:
         ends = loop.time() + deadline
         try:
             async with asyncio.timeout_at(ends):
-                response = await self._client.send(request, stream=True)
+                response = await self._client.send(request, stream=True, follow_redirects=False)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{self._who()}: no answer from {what} within {deadline:g} s",
