@@ -1,6 +1,7 @@
 # One command sets up a fresh machine and runs the main job; one runs the tests.
 #   make run    create .venv, install melchior, start the mellan relay (SQLite default)
 #   make test   create .venv if needed, install with test extras, run the whole suite
+#   make test-streaming   only the provider SSE/HTTP boundary tests (no credentials)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 JS_SDK := $(VENV)/js
 
-.PHONY: setup run test lint bench clean js-sdk
+.PHONY: setup run test test-streaming lint bench clean js-sdk
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +32,10 @@ js-sdk:
 
 test: $(STAMP) js-sdk
 	A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) $(BIN)/pytest $(PYTEST_ARGS)
+
+# The provider boundary alone: SSE parser partitions and local-HTTP fixtures, no credentials.
+test-streaming: $(STAMP)
+	$(BIN)/pytest -m streaming $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard bench)

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lua-api": ("melchior.commands.lua_api", "print the plain-Lua client library"),
     "verbs": ("melchior.commands.verbs", "what a session answers over its socket"),
     "gate-wire": ("melchior.commands.gate_wire", "refuse wire messages tagged other than 'event'"),
+    "models": ("melchior.commands.models", "list the models your configured providers offer"),
 }
 
 
