@@ -160,14 +160,14 @@ def test_the_inactivity_timeout_fires_when_no_byte_arrives() -> None:
 def test_pings_reset_the_inactivity_timeout() -> None:
     async def pinging(request: Request, conn: Conn) -> None:
         await conn.head(200, {"content-type": "text/event-stream"})
-        for _ in range(12):  # 1.2 s of pings, twice the window
+        for _ in range(20):  # 2 s of pings, twice the window; each gap a tenth of it
             await conn.chunk(b": ping\n\n")
             await asyncio.sleep(0.1)
         await conn.chunk(b"event: ping\ndata: {}\n\ndata: done\n\n")
         await conn.end()
 
     with LoopbackServer(pinging) as server:
-        got = asyncio.run(attempt(server, Limits(inactivity=0.6)))
+        got = asyncio.run(attempt(server, Limits(inactivity=1.0)))
     assert got == [SSEEvent("{}", "ping"), E("done")]
 
 
