@@ -69,12 +69,12 @@ def serve_mellan(db: str, info: Path) -> None:
 
     import uvicorn
 
-    from melchior.mellan.app import create_app
-    from melchior.mellan.auth import hash_token, new_token
-    from melchior.mellan.notify import LocalNotifier
-    from melchior.mellan.relay import Relay
-    from melchior.mellan.store import open_store
-    from melchior.mellan.store.base import Capability, CredentialKind
+    from melchior.mellan.relay.app import create_app
+    from melchior.mellan.relay.auth import hash_token, new_token
+    from melchior.mellan.relay.context import Relay
+    from melchior.mellan.relay.notify import LocalNotifier
+    from melchior.mellan.relay.store import open_store
+    from melchior.mellan.relay.store.base import Capability, CredentialKind
 
     notifier = LocalNotifier()
     store = open_store(db, publish=notifier.publish)
@@ -243,7 +243,7 @@ async def accepted_per_second(info: dict[str, str]) -> float:
 
 def mellan_producer(info: dict[str, str], stop: threading.Event) -> None:
     """The receiver side for mellan's stream latency: stamp each event as it is sent."""
-    from melchior.mellan.receiver_client import ReceiverClient
+    from melchior.mellan.client.receiver_api import ReceiverClient
 
     with ReceiverClient(info["url"], info["receiver"]) as rc:
         while not stop.is_set():

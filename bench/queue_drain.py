@@ -39,10 +39,10 @@ from typing import Any
 
 import psycopg
 
-from melchior.mellan.notify import LocalNotifier, receiver_topic
-from melchior.mellan.pgnotify import PgNotifier
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Capability, NewTask, Store
+from melchior.mellan.relay.notify import LocalNotifier, receiver_topic
+from melchior.mellan.relay.pgnotify import PgNotifier
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Capability, NewTask, Store
 
 ADMIN = os.environ.get("MELCHIOR_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 WS, CALLER, RECEIVER = "bench", "local/caller", "private/worker"

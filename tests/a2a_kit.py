@@ -31,13 +31,13 @@ from typing import Any
 
 import uvicorn
 
-from melchior.mellan.app import create_app
-from melchior.mellan.auth import hash_token, new_token
-from melchior.mellan.notify import LocalNotifier, Notifier
-from melchior.mellan.receiver_client import ReceiverClient, ReceiverError
-from melchior.mellan.relay import Relay
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Capability, CredentialKind, Store
+from melchior.mellan.client.receiver_api import ReceiverClient, ReceiverError
+from melchior.mellan.relay.app import create_app
+from melchior.mellan.relay.auth import hash_token, new_token
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.notify import LocalNotifier, Notifier
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Capability, CredentialKind, Store
 
 WS = "acme"
 CALLER = "local/codex"
@@ -297,7 +297,7 @@ def replicas(db_url: str) -> Iterator[tuple[Server, World, Receiver]]:
     """Two relay replicas on one PostgreSQL database, woken across replicas by LISTEN/NOTIFY
     as deployed: callers use the first (its ``peer`` is the second, for streams on a third
     connection), the receiver the second."""
-    from melchior.mellan.pgnotify import PgNotifier
+    from melchior.mellan.relay.pgnotify import PgNotifier
 
     front = Server(db_url, notifier=PgNotifier(db_url))
     back = Server(db_url, notifier=PgNotifier(db_url))

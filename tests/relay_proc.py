@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import NewTask, Store
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import NewTask, Store
 
 MELLAN = str(Path(sys.executable).parent / "mellan")
 START_TIMEOUT = 60.0  # a deadline for a broken start, not a measured threshold

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Capability, NewTask, Store
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Capability, NewTask, Store
 
 WS = "w"
 CALLER = "local/caller"
@@ -99,7 +99,7 @@ def queue_worker(
     import json
     import random
 
-    from melchior.mellan.store.base import Outcome, TaskState
+    from melchior.mellan.relay.store.base import Outcome, TaskState
 
     rng = random.Random(seed_value)
     s = open_store(url, migrate=False)
@@ -157,7 +157,7 @@ def zombie_worker(url: str, owner: str, log_path: str, seed_value: int, ttl: flo
     import json
     import random
 
-    from melchior.mellan.store.base import TaskState
+    from melchior.mellan.relay.store.base import TaskState
 
     rng = random.Random(seed_value)
     s = open_store(url, migrate=False)

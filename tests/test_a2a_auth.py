@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from a2a_kit import CALLER, CAPS, OTHER, RECEIVER, WS, Server, World, message, running
-from melchior.mellan.store.base import AuditRecord
+from melchior.mellan.relay.store.base import AuditRecord
 
 NOT_GRANTED = "no such capability is available to you on that agent"
 

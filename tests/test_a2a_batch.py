@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 
 from a2a_kit import WS, message, running
-from melchior.mellan.a2a.batch import Batcher
-from melchior.mellan.notify import LocalNotifier
-from melchior.mellan.relay import Relay
-from melchior.mellan.store.base import NewTask, Task
-from melchior.mellan.store.sqlite import SQLiteStore
+from melchior.mellan.relay.a2a.batch import Batcher
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.notify import LocalNotifier
+from melchior.mellan.relay.store.base import NewTask, Task
+from melchior.mellan.relay.store.sqlite import SQLiteStore
 
 
 def test_concurrent_sends_are_distinct_and_duplicates_dedupe(tmp_path: Path) -> None:

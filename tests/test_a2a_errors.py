@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from a2a.utils.errors import A2A_ERROR_MAPPING, JSON_RPC_ERROR_CODE_MAP
 
-from melchior.mellan.a2a import errors
-from melchior.mellan.store.base import StoreUnavailable
+from melchior.mellan.relay.a2a import errors
+from melchior.mellan.relay.store.base import StoreUnavailable
 
 SDK_BY_REASON = {m.reason: (cls, m) for cls, m in A2A_ERROR_MAPPING.items()}
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from a2a_kit import Receiver, Server, World, running
-from melchior.mellan.a2a import jsontext
+from melchior.mellan.relay.a2a import jsontext
 
 numbers = st.integers(min_value=-(10**30), max_value=10**30) | st.decimals(
     allow_nan=False, allow_infinity=False

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior.mellan.a2a import jsontext, paths, requests
-from melchior.mellan.a2a.errors import InvalidParams, InvalidRequest, ParseError
-from melchior.mellan.a2a.jsonrpc import envelope
+from melchior.mellan.relay.a2a import jsontext, paths, requests
+from melchior.mellan.relay.a2a.errors import InvalidParams, InvalidRequest, ParseError
+from melchior.mellan.relay.a2a.jsonrpc import envelope
 
 big_ints = st.integers(min_value=-(10**40), max_value=10**40)
 decimals = st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(

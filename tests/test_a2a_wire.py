@@ -266,8 +266,8 @@ def test_history_length(relay: tuple[Server, World]) -> None:
 def test_sse_frames_keepalive_and_a_late_error() -> None:
     import asyncio
 
-    from melchior.mellan.a2a import sse
-    from melchior.mellan.a2a.errors import TaskNotFound
+    from melchior.mellan.relay.a2a import sse
+    from melchior.mellan.relay.a2a.errors import TaskNotFound
 
     async def events() -> Any:
         yield {"task": {"id": "t"}}

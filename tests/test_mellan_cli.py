@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from melchior.mellan.store.base import Store
+from melchior.mellan.relay.store.base import Store
 from relay_proc import (
     MELLAN,
     RelayProc,
@@ -220,8 +220,8 @@ def test_relay_status_as_json_lines(tmp_path: Path) -> None:
 def test_relay_says_what_its_migrations_did(tmp_path: Path) -> None:
     """First start creates the schema, a database of the first released schema is
     upgraded in place, and a current one is left alone; each start says which."""
-    from melchior.mellan.store import migrations
-    from melchior.mellan.store.sqlite import SQLiteStore
+    from melchior.mellan.relay.store import migrations
+    from melchior.mellan.relay.store.sqlite import SQLiteStore
 
     db = tmp_path / "r.db"
     old = SQLiteStore(db)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Outcome, Store, TaskState
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Outcome, Store, TaskState
 from storekit import WS, db_url_fixture, new_task, queue_worker, seed  # noqa: F401
 
 

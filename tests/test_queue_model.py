@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from melchior.mellan.store.base import Capability, Outcome, Store
+from melchior.mellan.relay.store.base import Capability, Outcome, Store
 from storekit import RECEIVER, db_url_fixture, new_task, store_fixture  # noqa: F401
 
 MAX_ATTEMPTS = 2

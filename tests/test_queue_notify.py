@@ -8,9 +8,9 @@ import multiprocessing as mp
 import psycopg
 import pytest
 
-from melchior.mellan.notify import receiver_topic
-from melchior.mellan.pgnotify import PgNotifier
-from melchior.mellan.store import open_store
+from melchior.mellan.relay.notify import receiver_topic
+from melchior.mellan.relay.pgnotify import PgNotifier
+from melchior.mellan.relay.store import open_store
 from storekit import RECEIVER, WS, new_task, seed
 
 pytestmark = pytest.mark.postgres

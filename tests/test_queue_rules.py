@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from melchior.mellan.store.base import Outcome, Store, TaskState
+from melchior.mellan.relay.store.base import Outcome, Store, TaskState
 from storekit import RECEIVER, WS, db_url_fixture, new_task, store_fixture, wait_db_clock_past  # noqa: F401
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.receiver_client import ReceiverClient
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import NewTask, Outcome, Store
+from melchior.mellan.client.receiver_api import ReceiverClient
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import NewTask, Outcome, Store
 from relay_proc import RelayProc, db_url_fixture, ok, setup_pair, start_relay
 
 __all__ = ["db_url_fixture"]

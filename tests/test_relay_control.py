@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from melchior.mellan.auth import hash_token, new_token
-from melchior.mellan.receiver_client import ReceiverClient
-from melchior.mellan.store.base import Capability, CredentialKind, Outcome, Store
+from melchior.mellan.client.receiver_api import ReceiverClient
+from melchior.mellan.relay.auth import hash_token, new_token
+from melchior.mellan.relay.store.base import Capability, CredentialKind, Outcome, Store
 from relay_proc import (
     RelayProc,
     add_agent,

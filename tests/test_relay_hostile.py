@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from a2a_kit import pg_database
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Store
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Store
 from relay_proc import RelayProc, enqueue, setup_pair, start_relay
 
 HUGE = "1e1000000"  # before the fix: ~20 s of one CPU on the event loop, per request

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.receiver_client import ClaimedTask, ReceiverClient, ReceiverError
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Outcome, Store
+from melchior.mellan.client.receiver_api import ClaimedTask, ReceiverClient, ReceiverError
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Outcome, Store
 from relay_proc import RelayProc, enqueue, enroll_and_join, ok, setup_pair, start_relay
 
 pytestmark = pytest.mark.postgres

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode
-from melchior.mellan.receiver_api import backoff, explain_lost
-from melchior.mellan.server import redact
+from melchior.mellan.relay.receiver_api import backoff, explain_lost
+from melchior.mellan.relay.serve import redact
 
 json_values = st.recursive(
     st.none()

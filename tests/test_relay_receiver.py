@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from melchior.mellan.receiver_client import ClaimedTask, ReceiverClient, ReceiverError
-from melchior.mellan.store.base import Outcome, Store
+from melchior.mellan.client.receiver_api import ClaimedTask, ReceiverClient, ReceiverError
+from melchior.mellan.relay.store.base import Outcome, Store
 from relay_proc import (
     RelayProc,
     db_url_fixture,

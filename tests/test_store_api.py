@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from melchior.mellan.notify import receiver_topic, task_topic
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import (
+from melchior.mellan.relay.notify import receiver_topic, task_topic
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import (
     Capability,
     Conflict,
     CredentialKind,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.store import open_store
-from melchior.mellan.store.base import Outcome, Store, StoreUnavailable, TaskState
-from melchior.mellan.store.sqlite import SQLiteStore
+from melchior.mellan.relay.store import open_store
+from melchior.mellan.relay.store.base import Outcome, Store, StoreUnavailable, TaskState
+from melchior.mellan.relay.store.sqlite import SQLiteStore
 from storekit import RECEIVER, WS, db_url_fixture, new_task, seed, store_fixture  # noqa: F401
 
 ME = "agent:private/ops"
@@ -161,7 +161,7 @@ def test_a_failing_audit_write_undoes_the_decision(db_url: str) -> None:
 def test_pg_connection_cut_before_commit_leaves_neither_claim_nor_record(pg_url: str) -> None:
     import psycopg
 
-    from melchior.mellan.store.postgres import PostgresStore
+    from melchior.mellan.relay.store.postgres import PostgresStore
 
     s = PostgresStore(pg_url)
     s.migrate()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.store.base import StoreUnavailable, TaskState
-from melchior.mellan.store.sqlite import SQLiteStore
+from melchior.mellan.relay.store.base import StoreUnavailable, TaskState
+from melchior.mellan.relay.store.sqlite import SQLiteStore
 from storekit import RECEIVER, WS, new_task, seed
 
 
@@ -66,7 +66,7 @@ def _kill(admin_url: str, pid: int) -> None:
 def test_pg_connection_lost_before_commit_writes_nothing_and_recovers(pg_url: str) -> None:
     import psycopg
 
-    from melchior.mellan.store.postgres import PostgresStore
+    from melchior.mellan.relay.store.postgres import PostgresStore
 
     s = PostgresStore(pg_url)
     s.migrate()
@@ -100,7 +100,7 @@ def test_pg_connection_lost_before_commit_writes_nothing_and_recovers(pg_url: st
 def test_pg_idle_connections_killed_between_calls(pg_url: str) -> None:
     import psycopg
 
-    from melchior.mellan.store.postgres import PostgresStore
+    from melchior.mellan.relay.store.postgres import PostgresStore
 
     s = PostgresStore(pg_url)
     s.migrate()
@@ -127,7 +127,7 @@ def test_pg_idle_connections_killed_between_calls(pg_url: str) -> None:
 
 
 def test_pg_unreachable_is_unavailable() -> None:
-    from melchior.mellan.store.postgres import PostgresStore
+    from melchior.mellan.relay.store.postgres import PostgresStore
 
     s = PostgresStore("postgresql://postgres@127.0.0.1:1/none", timeout=0.5)
     try:

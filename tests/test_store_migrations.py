@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.store import migrations
-from melchior.mellan.store.base import Outcome, Store, TaskState
-from melchior.mellan.store.sqlite import SQLiteStore
+from melchior.mellan.relay.store import migrations
+from melchior.mellan.relay.store.base import Outcome, Store, TaskState
+from melchior.mellan.relay.store.sqlite import SQLiteStore
 from storekit import CALLER, RECEIVER, WS, new_task, seed
 
 
 def _make(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
     if kind == "sqlite":
         return SQLiteStore(tmp_path / "relay.db")
-    from melchior.mellan.store.postgres import PostgresStore
+    from melchior.mellan.relay.store.postgres import PostgresStore
 
     return PostgresStore(request.getfixturevalue("pg_url"))
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from melchior.mellan.store.base import Outcome, TaskState
-from melchior.mellan.store.sqlite import SQLiteStore
+from melchior.mellan.relay.store.base import Outcome, TaskState
+from melchior.mellan.relay.store.sqlite import SQLiteStore
 from storekit import RECEIVER, WS, new_task, seed
 
 

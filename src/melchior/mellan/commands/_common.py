@@ -45,7 +45,7 @@ def login_file() -> Path:
 
 def write_private_json(path: Path, data: dict[str, Any]) -> None:
     """Write a credential file readable by its owner only (0600, directory 0700)."""
-    from melchior.mellan.server import write_private
+    from melchior.mellan.relay.serve import write_private
 
     write_private(path, json.dumps(data, indent=2) + "\n")
 

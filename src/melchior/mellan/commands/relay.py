@@ -14,7 +14,7 @@ from melchior import __version__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from melchior.mellan.server import DEFAULT_HOST, DEFAULT_PORT
+    from melchior.mellan.relay.serve import DEFAULT_HOST, DEFAULT_PORT
 
     parser.add_argument("--version", action="version", version=f"mellan {__version__}")
     parser.add_argument(
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from melchior.mellan.server import RelayOptions, serve
+    from melchior.mellan.relay.serve import RelayOptions, serve
 
     if not 0 <= ns.port <= 65535:
         print(f"mellan relay: --port {ns.port} is not a port number (0-65535)")

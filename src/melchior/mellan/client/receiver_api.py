@@ -1,0 +1,197 @@
+"""A small typed client for the relay's receiver API (:mod:`melchior.mellan.relay.receiver_api`).
+
+It is what a receiver beside a destination agent uses to take work: ``claim`` (long-poll),
+then ``renew`` while working, ``progress`` for status/artifacts, and finally ``complete``
+or ``fail``. Every write carries the lease epoch from the claim; the answer is an
+:class:`~melchior.mellan.relay.store.base.Outcome` rather than an exception, because "lease
+lost" is an ordinary event a receiver must act on (stop the work, discard the result),
+not a crash. Transport failures and refusals (bad credential, bad request, 503) raise
+:class:`ReceiverError` with the relay's reason.
+
+Payloads come back as the exact JSON the caller sent: bodies are decoded with exact
+decimals, so ``12345678901234567890`` stays an int and no float rounding happens.
+
+Minimal loop::
+
+    with ReceiverClient(url, token) as rc:
+        for lease in rc.claim(wait=25):
+            out = rc.complete(lease.task_id, lease.epoch, {"message": reply})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from melchior.mellan.outcome import Outcome
+from melchior.mellan.rawjson import decode, encode
+
+
+class ReceiverError(Exception):
+    """The relay refused a request (or could not be reached); ``reason`` says why."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(f"{reason} ({code}, HTTP {status})" if status else reason)
+        self.status = status
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """One lease handed out by ``claim``: the task as JSON, and the epoch fencing its writes."""
+
+    task: dict[str, Any]
+    epoch: int
+    expires_at: str
+
+    @property
+    def task_id(self) -> str:
+        return str(self.task["id"])
+
+    @property
+    def payload(self) -> Any:
+        """The stored request message, exactly as the caller sent it."""
+        return self.task.get("payload")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a fenced write came to; ``reason`` explains a lease loss ("cancelled", …)."""
+
+    outcome: Outcome
+    reason: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.DUPLICATE)
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.outcome is Outcome.LEASE_LOST
+
+
+class ReceiverClient:
+    """Synchronous receiver-API client over one pooled HTTP connection."""
+
+    def __init__(self, relay_url: str, token: str, *, timeout: float = 30.0) -> None:
+        self.relay_url = relay_url.rstrip("/")
+        self._timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.relay_url,
+            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+            timeout=timeout,
+        )
+
+    def __enter__(self) -> ReceiverClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        try:
+            response = self._http.post(
+                path, content=encode(body).encode("utf-8"), timeout=timeout or self._timeout
+            )
+        except httpx.HTTPError as exc:
+            raise ReceiverError(0, "unreachable", f"cannot reach {self.relay_url}: {exc}") from exc
+        try:
+            data = decode(response.content) if response.content else {}
+        except ValueError:
+            data = {}
+        if (
+            response.status_code in (200, 404, 409)
+            and isinstance(data, dict)
+            and ("outcome" in data or "leases" in data)
+        ):
+            return data
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        raise ReceiverError(
+            response.status_code,
+            str(error.get("code", "http-error")),
+            str(error.get("reason", response.text[:200] or response.reason_phrase)),
+        )
+
+    def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
+        data = self._post(f"/api/receiver/tasks/{task_id}/{verb}", body)
+        error = data.get("error") or {}
+        return WriteResult(
+            Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
+        )
+
+    def claim(
+        self,
+        *,
+        limit: int = 1,
+        wait: float = 25.0,
+        lease_seconds: float = 30.0,
+        worker: str | None = None,
+    ) -> list[ClaimedTask]:
+        """Lease up to ``limit`` tasks, long-polling up to ``wait`` seconds; [] if none came."""
+        body: dict[str, Any] = {"limit": limit, "wait": wait, "lease_seconds": lease_seconds}
+        if worker:
+            body["worker"] = worker
+        data = self._post("/api/receiver/claim", body, timeout=wait + self._timeout)
+        return [
+            ClaimedTask(task=item["task"], epoch=int(item["epoch"]), expires_at=item["expires_at"])
+            for item in data["leases"]
+        ]
+
+    def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> WriteResult:
+        """Extend the lease; ``lease_lost`` (reason "cancelled" on cancel) means stop now."""
+        return self._write(task_id, "renew", {"epoch": epoch, "lease_seconds": lease_seconds})
+
+    def progress(self, task_id: str, epoch: int, kind: str, body: dict[str, Any]) -> WriteResult:
+        """Record a "status", "artifact" or "message" event the caller can stream."""
+        return self._write(task_id, "progress", {"epoch": epoch, "kind": kind, "body": body})
+
+    def complete(
+        self,
+        task_id: str,
+        epoch: int,
+        result: dict[str, Any],
+        *,
+        input_required: bool = False,
+    ) -> WriteResult:
+        """Record success (``{"message"?, "artifacts"?}``); a repeat answers DUPLICATE.
+
+        Safe to retry after a timeout: the same epoch completing again is "duplicate", so
+        reporting can be retried without ever re-running the work.
+        """
+        return self._write(
+            task_id,
+            "complete",
+            {"epoch": epoch, "result": result, "input_required": input_required},
+        )
+
+    def fail(
+        self,
+        task_id: str,
+        epoch: int,
+        error: str,
+        *,
+        retryable: bool = True,
+        retry_after: float | None = None,
+    ) -> WriteResult:
+        """Report a failure; retryable with attempts left queues it again after a backoff."""
+        body: dict[str, Any] = {"epoch": epoch, "error": error, "retryable": retryable}
+        if retry_after is not None:
+            body["retry_after"] = retry_after
+        return self._write(task_id, "fail", body)
+
+    def cancel_ack(self, task_id: str, epoch: int) -> WriteResult:
+        """Say the work of a cancelled task has stopped, freeing its session slot at once."""
+        return self._write(task_id, "cancel-ack", {"epoch": epoch})

@@ -1,0 +1,106 @@
+"""Agent cards: a public one that says only how to connect, and a per-caller extended one.
+
+The public card is the same for every path under ``/a2a/`` (apart from the URL it
+names), whether or not such an agent exists, so it cannot be used to enumerate a
+workspace. The extended card needs a credential and lists as skills exactly the
+capabilities that caller holds a live grant for on that agent (declared ∩ granted);
+a workspace owner sees every declared capability. Both carry ``ETag`` and
+``Cache-Control`` so clients revalidate cheaply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from melchior import __version__
+from melchior.mellan.relay.a2a import hops, jsontext, paths
+from melchior.mellan.relay.a2a.access import Caller
+from melchior.mellan.relay.store.base import Agent, Capability, Store
+
+PUBLIC_MAX_AGE = 300
+EXTENDED_MAX_AGE = 60
+INPUT_MODES = ["text/plain", "application/json"]
+
+
+def _base_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
+    url = paths.base_url(public_url, workspace, agent)
+    return {
+        "name": agent,
+        "description": (
+            f"Agent {agent} of workspace {workspace}, reached through the mellan relay. "
+            "Authenticate with a bearer credential; the extended card lists the capabilities "
+            "you may invoke. Name one in metadata.capability."
+        ),
+        "version": __version__,
+        "provider": {"organization": "mellan relay (melchior)", "url": public_url},
+        "supportedInterfaces": [
+            {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        ],
+        "capabilities": {
+            "streaming": True,
+            "pushNotifications": False,
+            "extendedAgentCard": True,
+            "extensions": [hops.EXTENSION],
+        },
+        "securitySchemes": {
+            "bearer": {
+                "httpAuthSecurityScheme": {
+                    "scheme": "Bearer",
+                    "description": "a mellan agent credential (or a workspace owner token)",
+                }
+            }
+        },
+        "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
+        "defaultInputModes": INPUT_MODES,
+        "defaultOutputModes": INPUT_MODES,
+        "skills": [],
+    }
+
+
+def public_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
+    return _base_card(public_url, workspace, agent)
+
+
+def skill(cap: Capability) -> dict[str, Any]:
+    return {
+        "id": cap.id,
+        "name": cap.id,
+        "description": cap.description or f"capability {cap.id}",
+        "tags": [cap.id.split(".", 1)[0]],
+    }
+
+
+def visible_capabilities(store: Store, caller: Caller) -> tuple[Agent | None, list[Capability]]:
+    """What this caller may see on the target agent (runs in a worker thread)."""
+    if not caller.same_workspace:
+        return None, []
+    agent = store.get_agent(caller.target.workspace, caller.target.agent)
+    if agent is None:
+        return None, []
+    if caller.is_owner:
+        return agent, list(agent.capabilities)
+    if caller.principal.subject == agent.id:
+        return agent, []
+    granted = store.granted_capabilities(agent.workspace, caller.principal.subject, agent.id)
+    return agent, [c for c in agent.capabilities if c.id in granted]
+
+
+def extended_card(
+    public_url: str, caller: Caller, agent: Agent | None, caps: list[Capability]
+) -> dict[str, Any]:
+    card = _base_card(public_url, caller.target.workspace, caller.target.agent)
+    if agent is not None and (caps or caller.is_owner):
+        card["description"] = agent.description or card["description"]
+    card["skills"] = [skill(c) for c in caps]
+    return card
+
+
+def etag(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def encode(card: dict[str, Any]) -> tuple[bytes, str]:
+    body = jsontext.dumpb(card)
+    return body, etag(body)

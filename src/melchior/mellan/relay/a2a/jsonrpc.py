@@ -1,0 +1,123 @@
+"""The JSON-RPC 2.0 binding: one POST endpoint at the agent's base URL.
+
+Checks run in the order the spec and the TCK expect: content type before parsing
+(-32005), then JSON (-32700), the envelope (-32600), the version (-32009), the method
+(-32601), the credential (HTTP 401/403), then the operation. A2A errors are answered
+with HTTP 200 and an ``error`` object whose ``data`` is ``[ErrorInfo]``; credential
+failures also carry their HTTP status. Streaming methods answer ``text/event-stream``,
+each event a full JSON-RPC response with the request's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from melchior.mellan.relay.a2a import http, jsontext, sse
+from melchior.mellan.relay.a2a.access import authenticate
+from melchior.mellan.relay.a2a.errors import (
+    A2AError,
+    Forbidden,
+    InvalidRequest,
+    MethodNotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthenticated,
+    Unavailable,
+    translate,
+)
+from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING
+from melchior.mellan.relay.a2a.paths import Target
+from melchior.mellan.relay.context import Relay
+
+RequestId = str | int | None
+
+
+def _status(err: A2AError) -> int:
+    if isinstance(
+        err, Unauthenticated | Forbidden | PayloadTooLarge | RequestTimeout | Unavailable
+    ):
+        return err.http
+    return 200
+
+
+def error_response(err: A2AError, rid: RequestId) -> Response:
+    body = {"jsonrpc": "2.0", "id": rid, "error": err.jsonrpc_error()}
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    return Response(
+        jsontext.dumpb(body), _status(err), headers=headers, media_type="application/json"
+    )
+
+
+def envelope(body: Any) -> tuple[RequestId, str, dict[str, Any]]:
+    """(id, method, params) of a JSON-RPC request, or :class:`InvalidRequest`."""
+    if isinstance(body, list):
+        raise InvalidRequest("JSON-RPC batches are not supported; send one request per call")
+    if not isinstance(body, dict):
+        raise InvalidRequest("a JSON-RPC request is a JSON object")
+    rid = body.get("id")
+    if "id" not in body or isinstance(rid, bool) or not isinstance(rid, str | int | type(None)):
+        raise InvalidRequest("'id' must be present and a string, a number or null")
+    if body.get("jsonrpc") != "2.0":
+        raise InvalidRequest("'jsonrpc' must be \"2.0\"")
+    method = body.get("method")
+    if not isinstance(method, str) or not method:
+        raise InvalidRequest("'method' must be a non-empty string")
+    params = body.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InvalidRequest("'params' must be an object")
+    return rid, method, params
+
+
+def request_id(body: Any) -> RequestId:
+    if isinstance(body, dict):
+        rid = body.get("id")
+        if isinstance(rid, str | int) and not isinstance(rid, bool):
+            return rid
+    return None
+
+
+async def handle(relay: Relay, request: Request, target: Target) -> Response:
+    rid: RequestId = None
+    try:
+        body = await http.read_json(request, relay)
+        rid = request_id(body)
+        rid, method, params = envelope(body)
+        http.check_version(request)
+        op = OPERATIONS.get(method)
+        if op is None:
+            raise MethodNotFound(
+                f"method {method!r} is not an A2A 1.0 method (they are PascalCase, e.g. "
+                "SendMessage)",
+                metadata={"method": method},
+            )
+        caller = await authenticate(relay, request, target)
+        result = await op(relay, caller, params, request)
+    except A2AError as err:
+        return error_response(err, rid)
+    except Exception as exc:
+        return error_response(translate(exc), rid)
+    if method in STREAMING:
+        assert not isinstance(result, dict)
+        return _stream(result, rid)
+    assert isinstance(result, dict)
+    return Response(
+        jsontext.dumpb({"jsonrpc": "2.0", "id": rid, "result": result}),
+        media_type="application/json",
+    )
+
+
+def _stream(events: AsyncIterator[dict[str, Any]], rid: RequestId) -> Response:
+    def wrap(event: dict[str, Any]) -> Any:
+        return {"jsonrpc": "2.0", "id": rid, "result": event}
+
+    def on_error(exc: Exception) -> Any:
+        err = exc if isinstance(exc, A2AError) else translate(exc)
+        return {"jsonrpc": "2.0", "id": rid, "error": err.jsonrpc_error()}
+
+    return sse.stream(events, wrap, on_error)

@@ -1,0 +1,47 @@
+"""JSON in and out of the relay without changing a single value.
+
+A relay must hand the destination exactly what the caller sent. Integers are exact in
+Python already; fractions are read as :class:`~decimal.Decimal` and written back from
+their own digits (``0.10000000000000000001`` and ``1.10`` survive, where a float would
+round them) — by the one exact codec every relay surface uses
+(:mod:`melchior.mellan.rawjson`); this module adds the A2A-facing checks and errors.
+Inputs that cannot survive a round trip are refused with a reason: ``NaN``/``Infinity``
+(not JSON), duplicate object keys (the last would silently win), a byte-order mark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from melchior.mellan.rawjson import JSONTextError, decode, encode
+from melchior.mellan.relay.a2a.errors import ParseError
+
+__all__ = ["JSONTextError", "dumpb", "dumps", "loads"]
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode strict JSON (UTF-8, no BOM); raise :class:`ParseError` saying what is wrong."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"body is not UTF-8 (bad byte at offset {exc.start})") from None
+    else:
+        text = data
+    if text.startswith("\ufeff"):
+        raise ParseError("body starts with a byte-order mark; send plain UTF-8 JSON")
+    try:
+        return decode(text)
+    except JSONTextError as exc:
+        raise ParseError(f"body is not acceptable JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(f"body is not JSON: {exc}") from None
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text; exact decimals written from their own digits."""
+    return encode(value)
+
+
+def dumpb(value: Any) -> bytes:
+    return encode(value).encode("utf-8")

@@ -1,0 +1,83 @@
+"""The A2A 1.0 operations by name, so both bindings dispatch to one implementation.
+
+Each operation takes the binding-neutral request object (the JSON-RPC ``params``, or
+what the HTTP+JSON binding assembled from path, query and body) and returns either a
+JSON value or an async iterator of ``StreamResponse`` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+
+from melchior.mellan.relay.a2a import cards, listing, requests, tasks
+from melchior.mellan.relay.a2a.access import Caller
+from melchior.mellan.relay.a2a.errors import PushNotificationNotSupported
+from melchior.mellan.relay.context import Relay
+
+Result = dict[str, Any] | AsyncIterator[dict[str, Any]]
+Op = Callable[[Relay, Caller, Any, Request], Awaitable[Result]]
+
+STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+PUSH_CONFIG = frozenset(
+    {
+        "CreateTaskPushNotificationConfig",
+        "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs",
+        "DeleteTaskPushNotificationConfig",
+    }
+)
+
+
+async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    req = requests.parse_send(params)
+    task = await tasks.send_blocking(relay, caller, req, request.is_disconnected)
+    return {"task": task}
+
+
+async def send_streaming_message(
+    relay: Relay, caller: Caller, params: Any, request: Request
+) -> Result:
+    return await tasks.send_streaming(relay, caller, requests.parse_send(params))
+
+
+async def get_task(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    ref = requests.parse_task_ref(params, history=True)
+    return await tasks.get(relay, caller, ref.id, ref.history_length)
+
+
+async def list_tasks(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await listing.list_tasks(relay, caller, requests.parse_list(params))
+
+
+async def cancel_task(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await tasks.cancel(relay, caller, requests.parse_task_ref(params).id)
+
+
+async def subscribe_to_task(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await tasks.subscribe(relay, caller, requests.parse_task_ref(params).id)
+
+
+async def extended_card(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    agent, caps = await relay.call(cards.visible_capabilities, relay.store, caller)
+    return cards.extended_card(relay.public_url, caller, agent, caps)
+
+
+async def push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    raise PushNotificationNotSupported(
+        "push notifications are not implemented by this relay; stream, subscribe or poll"
+    )
+
+
+OPERATIONS: dict[str, Op] = {
+    "SendMessage": send_message,
+    "SendStreamingMessage": send_streaming_message,
+    "GetTask": get_task,
+    "ListTasks": list_tasks,
+    "CancelTask": cancel_task,
+    "SubscribeToTask": subscribe_to_task,
+    "GetExtendedAgentCard": extended_card,
+    **dict.fromkeys(PUSH_CONFIG, push_config),
+}

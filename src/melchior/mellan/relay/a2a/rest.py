@@ -1,0 +1,109 @@
+"""The HTTP+JSON binding: A2A 1.0 REST paths under the agent's base URL (no ``/v1``).
+
+``POST message:send|message:stream``, ``GET tasks``, ``GET tasks/{id}``,
+``POST tasks/{id}:cancel``, ``GET|POST tasks/{id}:subscribe`` (the spec text says
+POST, the proto GET; clients use both), ``GET extendedAgentCard`` and the
+push-notification config paths, which answer PushNotificationNotSupported. Errors are
+``google.rpc.Status`` bodies with an ``ErrorInfo`` detail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from melchior.mellan.relay.a2a import cards, http, jsontext, sse
+from melchior.mellan.relay.a2a.access import authenticate
+from melchior.mellan.relay.a2a.errors import A2AError, MethodNotFound, Unauthenticated, translate
+from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING
+from melchior.mellan.relay.a2a.paths import Target
+from melchior.mellan.relay.context import Relay
+
+
+def error_response(err: A2AError) -> Response:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    return Response(
+        jsontext.dumpb(err.rest_body()), err.http, headers=headers, media_type="application/json"
+    )
+
+
+def _not_here(method: str, rest: tuple[str, ...]) -> MethodNotFound:
+    return MethodNotFound(
+        f"no A2A operation at {method} {'/'.join(rest) or '(base URL)'}",
+        metadata={"path": "/".join(rest), "method": method},
+    )
+
+
+def route(method: str, rest: tuple[str, ...]) -> tuple[str, dict[str, Any], bool]:
+    """(operation, params from the path, whether a JSON body is expected)."""
+    if rest == ("message:send",) and method == "POST":
+        return "SendMessage", {}, True
+    if rest == ("message:stream",) and method == "POST":
+        return "SendStreamingMessage", {}, True
+    if rest == ("extendedAgentCard",) and method == "GET":
+        return "GetExtendedAgentCard", {}, False
+    if rest == ("tasks",) and method == "GET":
+        return "ListTasks", {}, False
+    if len(rest) >= 2 and rest[0] == "tasks":
+        head = rest[1]
+        if len(rest) >= 3 and rest[2] == "pushNotificationConfigs":
+            return "CreateTaskPushNotificationConfig", {"taskId": head}, False
+        if len(rest) == 2:
+            tid, _, verb = head.rpartition(":")
+            if tid and verb == "cancel" and method == "POST":
+                return "CancelTask", {"id": tid}, False
+            if tid and verb == "subscribe" and method in ("GET", "POST"):
+                return "SubscribeToTask", {"id": head.rpartition(":")[0]}, False
+            if method == "GET" and ":" not in head:
+                return "GetTask", {"id": head}, False
+    raise _not_here(method, rest)
+
+
+async def handle(relay: Relay, request: Request, target: Target) -> Response:
+    try:
+        op_name, params, needs_body = route(request.method, target.rest)
+        http.check_version(request)
+        body: Any = None
+        if needs_body or (request.method == "POST" and http.has_body(request)):
+            body = await http.read_json(request, relay, optional=not needs_body)
+        if needs_body:
+            params = body
+        elif isinstance(body, dict):
+            params = {**body, **params}
+        if request.method == "GET":
+            params = {**dict(request.query_params), **params}
+            params.pop(http.VERSION_HEADER, None)
+        caller = await authenticate(relay, request, target)
+        result = await OPERATIONS[op_name](relay, caller, params, request)
+    except A2AError as err:
+        return error_response(err)
+    except Exception as exc:
+        return error_response(translate(exc))
+    if op_name in STREAMING:
+        assert not isinstance(result, dict)
+        return _stream(result)
+    assert isinstance(result, dict)
+    content = jsontext.dumpb(result)
+    media = http.response_type(request)
+    if op_name == "GetExtendedAgentCard":
+        return card_response(request, content, f"private, max-age={cards.EXTENDED_MAX_AGE}")
+    return Response(content, media_type=media)
+
+
+def card_response(request: Request, content: bytes, cache_control: str) -> Response:
+    tag = cards.etag(content)
+    headers = {"ETag": tag, "Cache-Control": cache_control}
+    if tag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers=headers)
+    return Response(content, headers=headers, media_type="application/json")
+
+
+def _stream(events: AsyncIterator[dict[str, Any]]) -> Response:
+    def on_error(exc: Exception) -> Any:
+        err = exc if isinstance(exc, A2AError) else translate(exc)
+        return err.rest_body()
+
+    return sse.stream(events, lambda ev: ev, on_error)

@@ -1,0 +1,77 @@
+"""Server-sent events for A2A streams: one ``data:`` line of JSON per event.
+
+No ``id:`` fields (A2A streams are not resumed by Last-Event-ID; a client reconnects
+with SubscribeToTask and gets a fresh snapshot); ``event: error`` marks a failure after
+the stream began (the data is the binding's error body), as A2A clients expect. A
+comment line is sent while nothing happens so proxies and idle timeouts do not cut a
+quiet stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from melchior.mellan.relay.a2a import jsontext
+
+KEEPALIVE_SECONDS = 15.0
+HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def frame(obj: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + jsontext.dumpb(obj) + b"\n\n"
+
+
+async def _frames(
+    events: AsyncIterator[dict[str, Any]],
+    wrap: Callable[[dict[str, Any]], Any],
+    on_error: Callable[[Exception], Any],
+    keepalive: float,
+) -> AsyncIterator[bytes]:
+    it = events.__aiter__()
+    pending: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            if not done:
+                yield b": keepalive\n\n"
+                continue
+            fut, pending = pending, None
+            try:
+                event = fut.result()
+            except StopAsyncIteration:
+                return
+            except Exception as exc:  # a failure mid-stream becomes an ``error`` event
+                yield frame(on_error(exc), "error")
+                return
+            yield frame(wrap(event))
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(BaseException):
+                await aclose()
+
+
+def stream(
+    events: AsyncIterator[dict[str, Any]],
+    wrap: Callable[[dict[str, Any]], Any],
+    on_error: Callable[[Exception], Any],
+    *,
+    keepalive: float = KEEPALIVE_SECONDS,
+) -> StreamingResponse:
+    return StreamingResponse(
+        _frames(events, wrap, on_error, keepalive),
+        media_type="text/event-stream",
+        headers=HEADERS,
+    )

@@ -1,0 +1,171 @@
+"""The A2A operations on one task, once, for both bindings: send (blocking or
+streaming), get, cancel, subscribe.
+
+A send passes the door first (:mod:`.admission`: authorize, store, record). Then the
+receiver claims the task whenever it is online; until then it stays queued. Blocking
+sends and streams watch the task through stored state and stored events, so any replica
+can serve them and a reconnecting client loses nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from melchior.mellan.relay.a2a import admission, views
+from melchior.mellan.relay.a2a.access import Caller
+from melchior.mellan.relay.a2a.errors import (
+    TaskNotCancelable,
+    TaskNotFound,
+    UnsupportedOperation,
+)
+from melchior.mellan.relay.a2a.requests import SendRequest
+from melchior.mellan.relay.a2a.watch import Waker
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.notify import task_topic
+from melchior.mellan.relay.store.base import (
+    Outcome,
+    Store,
+    Task,
+    TaskEvent,
+    TaskState,
+)
+
+MAX_BLOCK_SECONDS = 600.0
+"""A blocking SendMessage returns the task as it is after this long, so a destination
+that stays offline cannot hold a connection forever; the caller then polls or
+subscribes. Documented in docs/a2a.md."""
+
+
+def _read(
+    store: Store, workspace: str, task_id: str, after: int
+) -> tuple[Task | None, list[TaskEvent]]:
+    """The task row first, then its events: every event written before the row's state
+    is then included, so a terminal row never hides an event that preceded it."""
+    task = store.get_task(workspace, task_id)
+    if task is None:
+        return None, []
+    return task, store.events_after(task_id, after)
+
+
+async def get_visible(relay: Relay, caller: Caller, task_id: str) -> tuple[Task, list[TaskEvent]]:
+    task, events = await relay.call(_read, relay.store, caller.target.workspace, task_id, 0)
+    return caller.visible(task, task_id), events
+
+
+async def send_blocking(
+    relay: Relay,
+    caller: Caller,
+    req: SendRequest,
+    disconnected: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    task = await admission.accept(relay, caller, req)
+    if req.return_immediately:
+        return views.task_view(task, history_length=req.history_length)
+    deadline = time.monotonic() + MAX_BLOCK_SECONDS
+    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
+    try:
+        while True:
+            await waker.arm()
+            current, events = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+            if current is None:  # vanished (retention); report what was accepted
+                return views.task_view(task, history_length=req.history_length)
+            if views.ends_stream(current.state) or time.monotonic() >= deadline:
+                return views.task_view(current, events, history_length=req.history_length)
+            if disconnected is not None and await disconnected():
+                return views.task_view(current, events, history_length=req.history_length)
+            await waker.wait()
+    finally:
+        waker.close()
+
+
+async def follow(
+    relay: Relay, task: Task, *, history_length: int | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """``StreamResponse`` objects for one task: the Task snapshot first, then stored events
+    and state changes as they happen, ending after a terminal or interrupted state."""
+    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
+    try:
+        await waker.arm()
+        current, events = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+        if current is None:
+            return
+        yield {"task": views.task_view(current, events, history_length=history_length)}
+        last_seq = max((e.seq for e in events), default=0)
+        seen_artifacts = {a["artifactId"] for a in views.artifacts_of(current, events)}
+        last_state = current.state
+        while not views.ends_stream(last_state):
+            await waker.wait()
+            await waker.arm()
+            current, fresh = await relay.call(_read, relay.store, task.workspace, task.id, last_seq)
+            if current is None:
+                return
+            for update in views.event_updates(current, fresh):
+                if "artifactUpdate" in update:
+                    seen_artifacts.add(update["artifactUpdate"]["artifact"]["artifactId"])
+                yield update
+            if fresh:
+                last_seq = fresh[-1].seq
+            if current.state is not last_state:
+                if current.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
+                    for art in views.artifacts_of(current, ()):
+                        if art["artifactId"] not in seen_artifacts:
+                            seen_artifacts.add(art["artifactId"])
+                            yield {
+                                "artifactUpdate": {
+                                    "taskId": current.id,
+                                    "contextId": current.context_id,
+                                    "artifact": art,
+                                    "lastChunk": True,
+                                }
+                            }
+                yield views.status_update(current, fresh)
+                last_state = current.state
+    finally:
+        waker.close()
+
+
+async def send_streaming(
+    relay: Relay, caller: Caller, req: SendRequest
+) -> AsyncIterator[dict[str, Any]]:
+    """Accept first (errors surface before the stream opens), then follow the task."""
+    task = await admission.accept(relay, caller, req)
+    return follow(relay, task, history_length=req.history_length)
+
+
+async def subscribe(relay: Relay, caller: Caller, task_id: str) -> AsyncIterator[dict[str, Any]]:
+    task, _ = await get_visible(relay, caller, task_id)
+    if task.state.terminal:
+        raise UnsupportedOperation(
+            f"task {task.id} is {views.A2A_STATE[task.state]}; there is nothing left to "
+            "subscribe to. Use GetTask.",
+            metadata={"taskId": task.id},
+        )
+    return follow(relay, task)
+
+
+async def get(
+    relay: Relay, caller: Caller, task_id: str, history_length: int | None
+) -> dict[str, Any]:
+    task, events = await get_visible(relay, caller, task_id)
+    return views.task_view(task, events, history_length=history_length)
+
+
+def _cancel(store: Store, caller: Caller, task_id: str) -> tuple[Task, list[TaskEvent]]:
+    task = caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
+    # The store records the decision (won or refused) in the cancel's own transaction.
+    after, outcome = store.cancel(task.workspace, task.id, actor=caller.actor, rule="caller")
+    if outcome is Outcome.NOT_FOUND or after is None:
+        raise TaskNotFound(metadata={"taskId": task_id})
+    if outcome is Outcome.LEASE_LOST:
+        raise TaskNotCancelable(
+            f"task {task_id} is already {views.A2A_STATE[after.state]}",
+            metadata={"taskId": task_id, "state": views.A2A_STATE[after.state]},
+        )
+    return after, store.events_after(task.id, 0)
+
+
+async def cancel(relay: Relay, caller: Caller, task_id: str) -> dict[str, Any]:
+    task, events = await relay.call(_cancel, relay.store, caller, task_id)
+    return views.task_view(task, events)

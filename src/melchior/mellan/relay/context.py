@@ -1,0 +1,39 @@
+"""What every request handler of a relay replica shares.
+
+The store is synchronous and is called from worker threads (``call``), so one slow
+query never stalls the event loop that is holding long-polls and streams open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+from melchior.mellan.relay.notify import Notifier
+from melchior.mellan.relay.store.base import Store
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class Relay:
+    store: Store
+    notifier: Notifier
+    public_url: str
+    max_body: int = 16 * 1024 * 1024
+    body_deadline: float = 30.0
+    """Seconds a client has to deliver a request body once its headers are in."""
+    poll_interval: float = 1.0
+    """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
+    sweep_interval: float = 5.0
+    """Seconds between lease sweeps (every replica sweeps; the store makes that safe)."""
+    closing: bool = False
+    """Set when the replica is shutting down: long-polls answer at their next store read
+    instead of holding the graceful shutdown open until their ``wait`` runs out."""
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_in_threadpool(fn, *args, **kwargs)

@@ -1,0 +1,296 @@
+"""The receiver-facing API: how the service beside a destination agent takes and reports work.
+
+Authenticated by an *agent* credential (from ``mellan join``) and limited to tasks whose
+receiver is that agent; a task of another agent answers exactly like an unknown one.
+Every write after a claim is fenced by the lease ``epoch`` the claim returned, so a
+receiver that lost its lease (expired and reclaimed, or cancelled) cannot renew, report
+or complete someone else's attempt; it gets ``409 {"outcome": "lease-lost"}`` with the
+reason, and the refusal is audited.
+
+Audit records of claims, completions, fails, cancel-acks and refusals are written by the
+store in the same transaction as the queue change (``actor=``): a claim batch of ten is
+one commit, not eleven, and a database lost mid-request leaves neither a claim without
+its record nor a record without its claim.
+
+Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
+
+    POST /api/receiver/claim            {"limit":1,"wait":25,"lease_seconds":30,"worker":"…"?}
+         → 200 {"leases":[{"task":{…,"payload":<stored request, verbatim>},
+                           "epoch":N,"expires_at":"…"}]}
+    POST /api/receiver/tasks/{id}/renew     {"epoch":N,"lease_seconds":30}
+    POST /api/receiver/tasks/{id}/progress  {"epoch":N,"kind":"status"|"artifact"|"message",
+                                             "body":{…}}
+    POST /api/receiver/tasks/{id}/complete  {"epoch":N,"result":{"message"?,"artifacts"?},
+                                             "input_required":false}
+    POST /api/receiver/tasks/{id}/fail      {"epoch":N,"error":"…","retryable":true,
+                                             "retry_after":S?}
+    POST /api/receiver/tasks/{id}/cancel-ack {"epoch":N}   (after renew said "cancelled")
+         → 200 {"outcome":"ok"|"duplicate"}
+         | 409 {"outcome":"lease-lost","reason":"cancelled"|"stale-epoch"|"expired"|"finished",
+                "error":{"code":"lease-lost","reason":"<sentence>"}}
+         | 404 {"outcome":"not-found","error":{…}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from melchior.mellan.rawjson import encode
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.http import (
+    JSON,
+    ApiError,
+    actor,
+    authenticate,
+    endpoint,
+    error_response,
+    field_bool,
+    field_int,
+    field_number,
+    field_str,
+    read_object,
+    require_agent,
+    task_view,
+)
+from melchior.mellan.relay.notify import receiver_topic, task_topic
+from melchior.mellan.relay.store._common import lost_reason
+from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task
+
+MAX_CLAIM = 100
+MAX_WAIT = 60
+EVENT_KINDS = ("status", "artifact", "message")
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 300.0
+MAX_BODY_TEXT = 64 * 1024
+"""Longest failure reason accepted (characters); the first 4000 are kept."""
+
+
+def _relay(request: Request) -> Relay:
+    relay: Relay = request.app.state.relay
+    return relay
+
+
+async def _agent(request: Request) -> tuple[Relay, Principal]:
+    relay = _relay(request)
+    principal = await authenticate(request, relay)
+    require_agent(principal)
+    return relay, principal
+
+
+def lease_view(lease: Lease) -> dict[str, Any]:
+    return {"task": task_view(lease.task), "epoch": lease.epoch, "expires_at": lease.expires_at}
+
+
+@endpoint
+async def claim(request: Request) -> Response:
+    """Lease runnable tasks, waiting up to ``wait`` seconds for one to appear.
+
+    The wait is a loop of store reads woken early by the notifier: a wake-up only saves
+    latency, the periodic read is what guarantees queued work is found.
+    """
+    relay, me = await _agent(request)
+    body = await read_object(request, relay)
+    limit = field_int(body, "limit", 1, 1, MAX_CLAIM)
+    wait = field_number(body, "wait", 0.0, 0.0, MAX_WAIT)
+    lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
+    worker = field_str(body, "worker", required=False)[:100]
+    owner = f"{me.subject}@{me.credential_id}" + (f"/{worker}" if worker else "")
+    topic = receiver_topic(me.workspace, me.subject)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        leases = await relay.call(
+            relay.store.claim,
+            me.workspace,
+            me.subject,
+            owner,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            actor=actor(me),
+        )
+        remaining = deadline - loop.time()
+        if leases or remaining <= 0 or relay.closing:
+            break
+        if await request.is_disconnected():
+            return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
+        await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+    return JSON({"leases": [lease_view(lease) for lease in leases]})
+
+
+async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
+    task = await relay.call(relay.store.get_task, me.workspace, task_id)
+    if task is None or task.receiver != me.subject:
+        raise ApiError(
+            404,
+            "not-found",
+            f"no task {task_id!r} for agent {me.subject!r}",
+            {"outcome": Outcome.NOT_FOUND.value},
+        )
+    return task
+
+
+def explain_lost(task: Task | None, epoch: int) -> tuple[str, str]:
+    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence); the
+    store words its ``lease.lost`` audit records with the same function."""
+    if task is None:
+        return lost_reason(None, None, epoch)
+    return lost_reason(task.state.value, task.lease_epoch, epoch)
+
+
+async def _fenced(
+    relay: Relay, me: Principal, task_id: str, epoch: int, outcome: Outcome
+) -> Response:
+    """Answer a fenced write (the store has already audited what it came to)."""
+    if outcome is Outcome.LEASE_LOST:
+        task = await relay.call(relay.store.get_task, me.workspace, task_id)
+        reason, sentence = explain_lost(task, epoch)
+        return error_response(
+            409, "lease-lost", sentence, {"outcome": outcome.value, "reason": reason}
+        )
+    if outcome is Outcome.NOT_FOUND:
+        return error_response(
+            404,
+            "not-found",
+            f"no task {task_id!r} for agent {me.subject!r}",
+            {"outcome": outcome.value},
+        )
+    relay.notifier.publish(task_topic(task_id))
+    return JSON({"outcome": outcome.value})
+
+
+@endpoint
+async def renew(request: Request) -> Response:
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
+    await _own_task(relay, me, task_id)
+    outcome = await relay.call(
+        relay.store.renew, task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)
+    )
+    return await _fenced(relay, me, task_id, epoch, outcome)
+
+
+@endpoint
+async def progress(request: Request) -> Response:
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    kind = field_str(body, "kind")
+    if kind not in EVENT_KINDS:
+        raise ApiError(400, "bad-request", f"'kind' must be one of {', '.join(EVENT_KINDS)}")
+    event = body.get("body")
+    if not isinstance(event, dict):
+        raise ApiError(400, "bad-request", "'body' must be a JSON object")
+    await _own_task(relay, me, task_id)
+    outcome = await relay.call(
+        relay.store.progress, task_id, epoch, kind, encode(event), actor=actor(me)
+    )
+    return await _fenced(relay, me, task_id, epoch, outcome)
+
+
+def _check_result(result: Any) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        raise ApiError(
+            400, "bad-request", "'result' must be an object {message?: Message, artifacts?: [..]}"
+        )
+    message = result.get("message")
+    if message is not None and not isinstance(message, dict):
+        raise ApiError(400, "bad-request", "'result.message' must be an A2A Message object")
+    artifacts = result.get("artifacts")
+    if artifacts is not None and (
+        not isinstance(artifacts, list) or not all(isinstance(a, dict) for a in artifacts)
+    ):
+        raise ApiError(400, "bad-request", "'result.artifacts' must be a list of A2A Artifacts")
+    return result
+
+
+@endpoint
+async def complete(request: Request) -> Response:
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    result = _check_result(body.get("result", {}))
+    input_required = field_bool(body, "input_required", False)
+    await _own_task(relay, me, task_id)
+    outcome = await relay.call(
+        relay.store.complete,
+        task_id,
+        epoch,
+        encode(result),
+        input_required=input_required,
+        actor=actor(me),
+    )
+    return await _fenced(relay, me, task_id, epoch, outcome)
+
+
+def backoff(attempt: int) -> float:
+    """Exponential backoff with equal jitter: base 1 s, doubling, capped at 5 minutes."""
+    ceiling: float = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** max(0, attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+@endpoint
+async def fail(request: Request) -> Response:
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    error = (
+        field_str(body, "error", max_len=MAX_BODY_TEXT)[:4000]
+        or "the receiver reported a failure without a reason"
+    )
+    retryable = field_bool(body, "retryable", True)
+    task = await _own_task(relay, me, task_id)
+    retry_after = body.get("retry_after")
+    delay = (
+        field_number(body, "retry_after", 0.0, 0.0, 86400.0)
+        if retry_after is not None
+        else backoff(task.attempt)
+    )
+    outcome = await relay.call(
+        relay.store.fail,
+        task_id,
+        epoch,
+        error,
+        retryable=retryable,
+        backoff_seconds=delay,
+        actor=actor(me),
+    )
+    response = await _fenced(relay, me, task_id, epoch, outcome)
+    if outcome is Outcome.OK and retryable:
+        relay.notifier.publish(receiver_topic(me.workspace, me.subject))
+    return response
+
+
+@endpoint
+async def cancel_ack(request: Request) -> Response:
+    """The receiver has stopped a cancelled task's work: free its session slot now rather
+    than after the cancel grace period."""
+    relay, me = await _agent(request)
+    task_id = request.path_params["task_id"]
+    body = await read_object(request, relay)
+    epoch = field_int(body, "epoch", None, 0, 2**62)
+    await _own_task(relay, me, task_id)
+    outcome = await relay.call(relay.store.ack_cancel, task_id, epoch, actor=actor(me))
+    return await _fenced(relay, me, task_id, epoch, outcome)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/api/receiver/claim", claim, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/renew", renew, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/progress", progress, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/complete", complete, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/fail", fail, methods=["POST"]),
+        Route("/api/receiver/tasks/{task_id}/cancel-ack", cancel_ack, methods=["POST"]),
+    ]

@@ -1,0 +1,304 @@
+"""Running one relay replica: open the store, bootstrap the workspace, serve HTTP with uvicorn.
+
+First start of an empty database creates workspace ``default`` and one owner credential.
+The token is written once to a private (0600) file whose *path* is printed; the token
+itself is never printed, so it does not end up in terminal scrollback or service logs.
+Later starts (and other replicas on the same PostgreSQL) find the workspace and mint
+nothing. ``--mint-owner-token`` mints an additional owner credential on purpose (e.g.
+the first file was lost); revoke old ones with ``mellan credential revoke``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from melchior import __version__
+from melchior.mellan.relay.app import MAX_HEADER_BYTES, create_app
+from melchior.mellan.relay.auth import hash_token, new_token
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.notify import LocalNotifier, Notifier
+from melchior.mellan.relay.store import default_sqlite_path, open_store
+from melchior.mellan.relay.store.base import CredentialKind, Store
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+WORKSPACE = "default"
+OWNER = "owner"
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    database: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    public_url: str | None = None
+    owner_token_file: Path | None = None
+    mint_owner_token: bool = False
+    max_body: int = 16 * 1024 * 1024
+    body_deadline: float = 30.0
+    json: bool = False
+
+
+def data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mellan"
+
+
+def is_postgres(url: str | None) -> bool:
+    return url is not None and url.startswith(("postgresql://", "postgres://"))
+
+
+def redact(url: str | None) -> str:
+    """A database URL fit for a status line: no password."""
+    if url is None:
+        return f"sqlite:///{default_sqlite_path()}"
+    if "://" not in url:
+        return f"sqlite:///{Path(url).resolve()}"
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        netloc = f"{parts.username}:***@{host}" if parts.username else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the owner only, replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def bootstrap(
+    store: Store, token_file: Path, url: str, *, force: bool, say: Callable[..., None]
+) -> bool:
+    """Create workspace ``default`` and an owner credential on an empty database.
+
+    The token file is written *before* the credential is stored, so a crash can leave an
+    unused file but never a stored owner credential nobody holds. Returns True when a
+    credential was minted.
+    """
+    created = store.ensure_workspace(WORKSPACE)
+    if not created and not force:
+        say(f"workspace {WORKSPACE!r} exists; owner credentials were issued before")
+        return False
+    token = new_token()
+    write_private(token_file, token + "\n")
+    credential_id = store.add_credential(WORKSPACE, CredentialKind.OWNER, OWNER, hash_token(token))
+    store.audit(
+        WORKSPACE, "relay", "credential.add", credential_id, True, "bootstrap",
+        "owner credential minted at relay start" + (" (first start)" if created else ""),
+    )  # fmt: skip
+    prefix = f"created workspace {WORKSPACE!r}; " if created else ""
+    say(
+        f"{prefix}owner credential {credential_id} written to {token_file} "
+        "(mode 0600; the token is not shown again)",
+        "owner-credential",
+        credential_id=credential_id,
+        token_file=str(token_file),
+    )
+    say(f"  log in with: mellan login --relay {url} --token-file {token_file}")
+    return True
+
+
+def ipaddress_is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_notifier(database: str | None) -> Notifier:
+    """LISTEN/NOTIFY between replicas on PostgreSQL; an in-process hub on SQLite."""
+    if is_postgres(database):
+        assert database is not None
+        from melchior.mellan.relay.pgnotify import PgNotifier
+
+        notifier: Notifier = PgNotifier(database)
+        return notifier
+    return LocalNotifier()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HeaderLimitedH11(H11Protocol):
+    """uvicorn's h11 protocol, except that a request head still growing past
+    :data:`MAX_HEADER_BYTES` is answered ``431 Request Header Fields Too Large`` with the
+    reason (as h11 itself hints) instead of a bare "400 Invalid HTTP request". (A head that
+    arrives whole is measured by the app, :class:`~melchior.mellan.relay.app.HeaderLimit`.) A
+    client still sending a huge head may see the connection reset before it reads the
+    answer; that much the server cannot help."""
+
+    def send_400_response(self, msg: str) -> None:
+        pending, _closed = self.conn.trailing_data
+        if self.conn.their_state is not h11.ERROR or len(pending) <= MAX_HEADER_BYTES:
+            super().send_400_response(msg)
+            return
+        text = f"request headers are larger than this relay accepts ({MAX_HEADER_BYTES} bytes)"
+        head = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        for event in (
+            h11.Response(status_code=431, headers=head, reason=b"Request Header Fields Too Large"),
+            h11.Data(data=text.encode("ascii")),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
+    after shutdown (which would skip closing the store and report a kill to systemd), and
+    open long-polls are told to answer now rather than hold the drain open."""
+
+    def __init__(self, config: uvicorn.Config, relay: Relay) -> None:
+        super().__init__(config)
+        self.relay = relay
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.relay.closing = True
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
+    """Run one replica until SIGINT/SIGTERM; return an exit status."""
+
+    def say(line: str, event: str = "status", **fields: object) -> None:
+        if options.json:
+            print(json.dumps({"event": event, "message": line, **fields}), file=out, flush=True)
+        else:
+            print(f"mellan relay: {line}", file=out, flush=True)
+
+    logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
+    say(f"version {__version__}", "version", version=__version__)
+    say(f"database {redact(options.database)}", "database", database=redact(options.database))
+    try:
+        sock = bind(options.host, options.port)
+    except OSError as exc:
+        say(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}", "error")
+        say("  is another relay running? choose another port with --port")
+        return 1
+    notifier = make_notifier(options.database)
+    try:
+        store = open_store(options.database, publish=notifier.publish, migrate=False)
+        try:  # migrate here rather than in open_store, to say what it changed
+            before: int | None = getattr(store, "schema_version", lambda: None)()
+            after = store.migrate()
+        except BaseException:
+            store.close()
+            raise
+    except Exception as exc:
+        sock.close()
+        say(f"cannot open the database: {exc}", "error")
+        if is_postgres(options.database):
+            say("  check the URL, that PostgreSQL is running, and that the role may connect")
+        return 1
+    try:
+        if before == after or before is None:  # an operator upgrading wants to see it said
+            say(f"schema up to date (version {after})")
+        elif before == 0:
+            say(f"schema created (version {after})")
+        else:
+            say(f"schema upgraded from version {before} to {after}")
+        port = sock.getsockname()[1]
+        host = options.host if ":" not in options.host else f"[{options.host}]"
+        url = f"http://{host}:{port}"
+        public = (options.public_url or url).rstrip("/")
+        token_file = options.owner_token_file or data_dir() / "owner.token"
+        bootstrap(store, token_file, public, force=options.mint_owner_token, say=say)
+        relay = Relay(
+            store=store,
+            notifier=notifier,
+            public_url=public,
+            max_body=options.max_body,
+            body_deadline=options.body_deadline,
+        )
+        app = create_app(relay)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            proxy_headers=False,
+            http=HeaderLimitedH11,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        )
+        server = _Server(config, relay)
+        if threading.current_thread() is threading.main_thread():
+            # From here on a signal means "stop gracefully", even before uvicorn installs
+            # its own handlers: a supervisor may stop us right after "ready".
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, server.handle_exit)
+        say(
+            f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
+            "listening",
+            url=url,
+            public_url=public,
+        )
+        if not ipaddress_is_loopback(options.host) and not public.startswith("https://"):
+            say(
+                f"warning: {options.host} is reachable from other machines over plain HTTP; "
+                "put a TLS-terminating proxy in front and pass its https URL as --public-url"
+            )
+        say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
+        server.run(sockets=[sock])
+        say("stopped", "stopped")
+        return 0
+    finally:
+        sock.close()
+        store.close()

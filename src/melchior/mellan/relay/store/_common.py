@@ -1,0 +1,302 @@
+"""Row conversions and small helpers both backends share.
+
+Kept apart from the backends so SQLite (integer milliseconds) and PostgreSQL
+(``timestamptz``) hand callers the very same ISO-8601 strings and dataclasses.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from melchior.mellan.relay.store.base import (
+    Acceptance,
+    Agent,
+    AuditRecord,
+    Capability,
+    Grant,
+    NewTask,
+    Outcome,
+    Task,
+    TaskEvent,
+    TaskState,
+)
+
+
+class RowLike(Protocol):
+    """A row by column name: ``sqlite3.Row`` and psycopg's ``dict_row`` both fit."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+# Timestamps as they come out of a row: int ms (SQLite), datetime (PostgreSQL) or NULL.
+Stamp = int | datetime | None
+
+
+def iso(value: int | datetime) -> str:
+    """One textual form for every timestamp the store hands out: UTC, milliseconds, ``Z``."""
+    dt = datetime.fromtimestamp(value / 1000, UTC) if isinstance(value, int) else value
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def iso_or_none(value: Stamp) -> str | None:
+    return None if value is None else iso(value)
+
+
+def parse_ms(text: str) -> int:
+    """ISO-8601 (``Z`` or offset; naive means UTC) → unix milliseconds."""
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return round(dt.timestamp() * 1000)
+
+
+def parse_dt(text: str) -> datetime:
+    dt = datetime.fromisoformat(text)
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def caps_json(capabilities: Iterable[Capability]) -> str:
+    return json.dumps([{"id": c.id, "description": c.description} for c in capabilities])
+
+
+def caps_from_json(text: str) -> tuple[Capability, ...]:
+    return tuple(Capability(c["id"], c.get("description", "")) for c in json.loads(text))
+
+
+def agent_from_row(r: RowLike) -> Agent:
+    return Agent(
+        workspace=r["workspace"],
+        id=r["id"],
+        description=r["description"],
+        capabilities=caps_from_json(r["capabilities"]),
+        created_at=iso(r["created_at"]),
+    )
+
+
+def grant_from_row(r: RowLike) -> Grant:
+    return Grant(
+        id=r["id"],
+        workspace=r["workspace"],
+        caller=r["caller"],
+        receiver=r["receiver"],
+        capabilities=tuple(json.loads(r["capabilities"])),
+        created_at=iso(r["created_at"]),
+        revoked_at=iso_or_none(r["revoked_at"]),
+    )
+
+
+def audit_from_row(r: RowLike) -> AuditRecord:
+    return AuditRecord(
+        seq=r["seq"],
+        workspace=r["workspace"],
+        at=iso(r["at"]),
+        actor=r["actor"],
+        action=r["action"],
+        subject=r["subject"],
+        allowed=bool(r["allowed"]),
+        rule=r["rule"],
+        reason=r["reason"],
+        detail=json.loads(r["detail"]),
+    )
+
+
+def task_from_row(r: RowLike) -> Task:
+    return Task(
+        id=r["id"],
+        workspace=r["workspace"],
+        caller=r["caller"],
+        receiver=r["receiver"],
+        capability=r["capability"],
+        context_id=r["context_id"],
+        state=TaskState(r["state"]),
+        payload=r["payload"],
+        metadata=r["metadata"],
+        message_id=r["message_id"],
+        session_key=r["session_key"],
+        chain=r["chain"],
+        hop=r["hop"],
+        path=tuple(json.loads(r["path"])),
+        attempt=r["attempt"],
+        max_attempts=r["max_attempts"],
+        lease_epoch=r["lease_epoch"],
+        lease_owner=r["lease_owner"],
+        lease_expires_at=iso_or_none(r["lease_expires_at"]),
+        result=r["result"],
+        error=r["error"],
+        created_at=iso(r["created_at"]),
+        updated_at=iso(r["updated_at"]),
+    )
+
+
+def event_from_row(r: RowLike) -> TaskEvent:
+    return TaskEvent(
+        seq=r["seq"], task_id=r["task_id"], at=iso(r["at"]), kind=r["kind"], body=r["body"]
+    )
+
+
+def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) -> None:
+    """Fire after-commit wake-ups; a failing hint must never fail the committed call."""
+    if publish is None:
+        return
+    for topic in dict.fromkeys(topics):  # de-duplicated, order kept
+        with suppress(Exception):  # a wake-up is only a latency hint
+            publish(topic)
+
+
+# -- audit records written inside the queue change's own transaction ----------------------------
+
+
+@dataclass(frozen=True)
+class Note:
+    """One audit record, built here so both backends word their records alike and the
+    backend only has to insert it in the transaction of the change it records."""
+
+    workspace: str
+    actor: str
+    action: str
+    subject: str
+    allowed: bool
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def accept_note(task: Task, accept: Acceptance | None) -> Note | None:
+    """The ``task.accept`` record of a task just created, if the door gave its decision."""
+    if accept is None:
+        return None
+    return Note(
+        task.workspace, accept.actor, "task.accept", task.id, True, accept.rule, accept.reason,
+        dict(accept.detail),
+    )  # fmt: skip
+
+
+def accept_notes(
+    asked: Sequence[NewTask], stored: Sequence[tuple[Task, bool]]
+) -> list[Note | None]:
+    """The ``task.accept`` records of an enqueue batch: one per task created now (a dedupe
+    hit was recorded when it was first stored)."""
+    return [
+        accept_note(task, new.accept)
+        for new, (task, created) in zip(asked, stored, strict=True)
+        if created
+    ]
+
+
+def claim_note(actor: str, task: Task, expires_at: str) -> Note:
+    return Note(
+        task.workspace,
+        actor,
+        "task.claim",
+        task.id,
+        True,
+        "lease",
+        f"{task.receiver} leased attempt {task.attempt} of {task.max_attempts}",
+        {"epoch": task.lease_epoch, "expires_at": expires_at, "owner": task.lease_owner},
+    )
+
+
+def lost_reason(state: str | None, lease_epoch: int | None, epoch: int) -> tuple[str, str]:
+    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence), from the
+    task's ``state`` and ``lease_epoch`` (None for both: the task does not exist)."""
+    if state is None or lease_epoch is None:
+        return "finished", "the task no longer exists"
+    if state == "cancelled":
+        return "cancelled", "the task was cancelled; stop work on it and discard its result"
+    if lease_epoch != epoch:
+        return (
+            "stale-epoch",
+            f"epoch {epoch} is stale: the task was leased again (current epoch "
+            f"{lease_epoch}); another attempt owns it now",
+        )
+    if state != "leased":
+        return "finished", f"the task is already {state}; nothing more is accepted"
+    return "expired", "the lease expired before this request arrived; renew sooner"
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A fenced receiver write being made on behalf of ``actor``: enough to audit it."""
+
+    actor: str
+    action: str  # "task.complete", "task.renew", ...
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def note(
+        self,
+        workspace: str,
+        task_id: str,
+        epoch: int,
+        outcome: Outcome,
+        state: str | None = None,
+        lease_epoch: int | None = None,
+    ) -> Note | None:
+        """The record for ``outcome``, or None when there is nothing to record: an unknown
+        task, or a renewal that held (too frequent to be a decision worth a line)."""
+        if outcome is Outcome.NOT_FOUND:
+            return None
+        if outcome is Outcome.LEASE_LOST:
+            reason, sentence = lost_reason(state, lease_epoch, epoch)
+            return Note(
+                workspace,
+                self.actor,
+                "lease.lost",
+                task_id,
+                False,
+                reason,
+                f"{self.action} refused: {sentence}",
+                {"epoch": epoch, "attempted": self.action},
+            )
+        if self.action == "task.renew":
+            return None
+        return Note(
+            workspace,
+            self.actor,
+            self.action,
+            task_id,
+            True,
+            "lease",
+            f"{self.action} under epoch {epoch}: {outcome.value}",
+            {"epoch": epoch, **self.detail},
+        )
+
+
+def expiry_note(
+    workspace: str, task_id: str, state: str, attempt: int, max_attempts: int
+) -> Note | None:
+    """The record of a lease the relay settled after it expired: queued again, or failed
+    with its attempts spent. A cancelled task's grace running out is no decision: None."""
+    if state == "cancelled":
+        return None
+    outcome = "attempts spent, failed" if state == "failed" else "queued again"
+    return Note(
+        workspace, "relay", "lease.expired", task_id, True, "queue.lease",
+        f"lease expired; {outcome}", {"attempt": attempt, "max_attempts": max_attempts},
+    )  # fmt: skip
+
+
+def cancel_note(actor: str, rule: str, was: str, task: Task, outcome: Outcome) -> Note | None:
+    """The record of a cancel decided in the store: won (allowed under ``rule``), refused
+    because the task already finished, or None for a repeat of a cancel already recorded."""
+    if outcome is Outcome.OK:
+        revoked = "; the receiver's lease is revoked" if was == "leased" else ""
+        return Note(
+            task.workspace, actor, "task.cancel", task.id, True, rule,
+            f"cancelled while {was}{revoked}",
+        )  # fmt: skip
+    if outcome is Outcome.LEASE_LOST:
+        return Note(
+            task.workspace, actor, "task.cancel", task.id, False, "finished",
+            f"the task is already {task.state.value}; only queued or running tasks cancel",
+        )  # fmt: skip
+    return None

@@ -1,0 +1,450 @@
+"""The store contract every backend keeps, and the values that cross it.
+
+The store is synchronous on purpose: SQLite has no async driver worth its risk,
+the queue's correctness lives in single SQL statements rather than in Python, and
+a relay calls it from a worker thread. Payloads cross this boundary as raw JSON
+*text* and come back byte-for-byte, because a relay must carry what it was given
+(a float-happy decode/encode turns 12345678901234567890 into 1.2345678901234567e+19).
+
+Queue rules (ARCHITECTURE §5; each is a test on both backends):
+1. at most one valid lease per task: ``lease_epoch`` fences renew/complete/fail;
+2. the attempt is counted at claim; expiry past ``max_attempts`` → failed;
+3. tasks sharing a ``session_key`` run one at a time, in order;
+4. a recorded success is final (reporting retries, execution never re-runs);
+5. complete is idempotent (same epoch → DUPLICATE; stale epoch → LEASE_LOST);
+6. cancel revokes the lease; the receiver learns on its next renew (or via notify);
+7. lease maths on the database clock; TTL comfortably above the renew interval.
+
+Wake-ups: a store never talks to a notifier itself. The relay hands it a callback with
+``set_publisher(notifier.publish)``; after each transaction *commits* the store calls it
+with ``receiver_topic(workspace, receiver)`` when work may have become claimable
+(enqueue, retry, reclaim, a session head finishing, a cancel freeing a session) and with
+``task_topic(task_id)`` on every task state change or stored event. The callback runs on
+the calling thread and must not block; a hint it drops costs only latency.
+
+Errors: :class:`StoreUnavailable` means the database could not be reached or the
+transaction could not be committed (connection lost, lock wait exhausted). Nothing of
+that call was written; the relay answers 503 and the next call tries afresh.
+:class:`NotFoundError` and :class:`Conflict` are refusals of the request itself.
+
+Audit in the same transaction: claim, renew, progress, complete, complete_many, fail,
+ack_cancel and cancel take an optional keyword ``actor`` ("agent:local/codex",
+"owner:alice"). Given one, the store appends the audit record of what the call decided
+(``task.claim`` per lease, ``task.complete``/``task.fail``/…, ``task.cancel`` allowed or
+refused, ``lease.lost`` for a fenced write refused) *inside the same transaction* as the
+queue change, so there is never a decision without its record nor a record of a
+decision that did not happen, and a batch of ten claims costs one commit rather than
+eleven. Lease expiries are always recorded there (actor "relay"). Without ``actor`` no
+record is written (tests, benches, and callers that record by other means). Records are
+built by :mod:`melchior.mellan.relay.store._common` so both backends word them alike, and the
+store wakes ``audit_topic(workspace)`` after the commit.
+
+Cancel of a leased task: the task becomes ``cancelled`` at once (what the caller sees)
+and renew/progress/complete/fail for it answer LEASE_LOST from then on, but the task
+keeps its bound-session slot until the receiver acknowledges (``ack_cancel`` or any
+fenced write with its epoch) or a short grace lease runs out, so a receiver still
+stopping a process can never overlap the session's next task.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Re-exported: the store's fenced writes answer in this vocabulary.
+from melchior.mellan.outcome import Outcome as Outcome
+
+
+class StoreError(Exception):
+    """Base of everything a store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The database is unreachable or the transaction did not commit; nothing was written.
+    Retrying later is right; the relay maps it to 503.
+
+    ``unclear`` is the one exception to "nothing was written": the connection was lost
+    while COMMIT was on its way, so the server may have committed. A caller that must tell
+    the truth finds out (e.g. :meth:`Store.task_by_message`) before saying "not stored"."""
+
+    def __init__(self, reason: str, *, unclear: bool = False, backend: object = None) -> None:
+        super().__init__(reason)
+        self.unclear = unclear
+        self.backend = backend  # what the store needs to settle an unclear commit (opaque)
+
+
+class NotFoundError(StoreError):
+    """A referenced workspace or agent does not exist (e.g. a grant for an unknown agent)."""
+
+
+class Conflict(StoreError):
+    """The thing already exists (e.g. an agent id taken in that workspace)."""
+
+
+class TaskState(enum.StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    SUCCEEDED = "succeeded"
+    INPUT_REQUIRED = "input_required"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+class CredentialKind(enum.StrEnum):
+    OWNER = "owner"
+    AGENT = "agent"
+
+
+@dataclass(frozen=True)
+class Capability:
+    id: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Agent:
+    workspace: str
+    id: str  # workspace-scoped, e.g. "local/codex"
+    description: str
+    capabilities: tuple[Capability, ...]
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a presented credential is. Owners act for the workspace; agents for themselves."""
+
+    workspace: str
+    kind: CredentialKind
+    subject: str  # member name for owners, agent id for agents
+    credential_id: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    id: str
+    workspace: str
+    caller: str
+    receiver: str
+    capabilities: tuple[str, ...]
+    created_at: str
+    revoked_at: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    seq: int
+    workspace: str
+    at: str
+    actor: str  # "owner:alice", "agent:local/codex", "relay"
+    action: str  # "grant.add", "task.accept", "task.refuse", "task.claim", "lease.lost", ...
+    subject: str  # what it was about: an agent id, grant id or task id
+    allowed: bool
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The decision that let a task in, to be recorded (``task.accept``) in the very
+    transaction that stores it: a task is never queued without its record, nor recorded
+    without being queued, whatever the database does between the two."""
+
+    actor: str
+    rule: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A task as accepted at the door, before it is stored."""
+
+    workspace: str
+    caller: str
+    receiver: str
+    capability: str
+    payload: str  # raw JSON text of the request message, stored and returned verbatim
+    metadata: str = "{}"  # raw JSON text
+    context_id: str | None = None
+    message_id: str | None = None  # dedupe key per (workspace, caller)
+    session_key: str | None = None  # tasks sharing one run one at a time, in order
+    chain: str = ""
+    hop: int = 1
+    path: tuple[str, ...] = ()
+    max_attempts: int = 3
+    accept: Acceptance | None = None  # recorded as task.accept when the task is created
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    workspace: str
+    caller: str
+    receiver: str
+    capability: str
+    context_id: str
+    state: TaskState
+    payload: str
+    metadata: str
+    message_id: str | None
+    session_key: str | None
+    chain: str
+    hop: int
+    path: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+    lease_epoch: int
+    lease_owner: str | None
+    lease_expires_at: str | None
+    result: str | None  # raw JSON text recorded by complete()
+    error: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    task: Task
+    epoch: int
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """A stored progress/status/artifact event, in order, so streams can reconnect losslessly."""
+
+    seq: int
+    task_id: str
+    at: str
+    kind: str  # "status" | "artifact" | "message"
+    body: str  # raw JSON text
+
+
+class Store(Protocol):
+    """Everything the relay keeps. Every method is one transaction."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def migrate(self) -> int:
+        """Apply pending schema migrations; return the schema version now in force."""
+        ...
+
+    def close(self) -> None: ...
+
+    def now(self) -> str:
+        """The database clock (ISO-8601 UTC); lease maths never uses the caller's clock."""
+        ...
+
+    def set_publisher(self, publish: Callable[[str], None] | None) -> None:
+        """Install the after-commit wake-up callback (usually ``notifier.publish``)."""
+        ...
+
+    def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
+        """Wait (up to ``timeout``) until the transaction an *unclear* ``lost`` was committing
+        is decided one way or the other on the server; True once it is, so that a read made
+        now tells whether it committed. False: still unknown (e.g. the database is down)."""
+        ...
+
+    # -- workspaces and credentials -------------------------------------------------------------
+    def ensure_workspace(self, workspace: str) -> bool:
+        """Create the workspace if missing; True when it was created now."""
+        ...
+
+    def add_credential(
+        self,
+        workspace: str,
+        kind: CredentialKind,
+        subject: str,
+        token_hash: str,
+        expires_at: str | None = None,
+    ) -> str:
+        """Store a credential by its hash only; return its id."""
+        ...
+
+    def principal_for(self, token_hash: str) -> Principal | None:
+        """The live (unrevoked, unexpired) credential with this hash, else None."""
+        ...
+
+    def revoke_credential(self, workspace: str, credential_id: str) -> bool: ...
+
+    # -- agents and enrollment ------------------------------------------------------------------
+    def add_agent(
+        self, workspace: str, agent_id: str, description: str, capabilities: Sequence[Capability]
+    ) -> Agent: ...
+
+    def get_agent(self, workspace: str, agent_id: str) -> Agent | None: ...
+
+    def list_agents(self, workspace: str) -> list[Agent]: ...
+
+    def add_enrollment(
+        self, workspace: str, agent_id: str, code_hash: str, expires_at: str
+    ) -> None: ...
+
+    def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
+        """Mark a live, unused code used; return (workspace, agent_id) or None. One use only."""
+        ...
+
+    # -- grants -----------------------------------------------------------------------------
+    def add_grant(
+        self, workspace: str, caller: str, receiver: str, capabilities: Sequence[str]
+    ) -> Grant: ...
+
+    def revoke_grant(self, workspace: str, grant_id: str) -> bool: ...
+
+    def list_grants(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        include_revoked: bool = False,
+    ) -> list[Grant]: ...
+
+    def granted_capabilities(self, workspace: str, caller: str, receiver: str) -> set[str]:
+        """Capabilities ``caller`` may invoke on ``receiver`` (one direction only)."""
+        ...
+
+    # -- audit ------------------------------------------------------------------------------
+    def audit(
+        self,
+        workspace: str,
+        actor: str,
+        action: str,
+        subject: str,
+        allowed: bool,
+        rule: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> int: ...
+
+    def audit_since(
+        self, workspace: str, after_seq: int = 0, limit: int = 100
+    ) -> list[AuditRecord]: ...
+
+    # -- tasks: caller side -----------------------------------------------------------------------
+    def enqueue(self, task: NewTask) -> tuple[Task, bool]:
+        """Store a task; (task, created). A repeated (workspace, caller, message_id) returns the
+        existing task with created=False instead of a second one. A created task with
+        ``accept`` gets its ``task.accept`` record in the same transaction."""
+        ...
+
+    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        """``enqueue`` for several tasks in one transaction (one commit); in input order."""
+        ...
+
+    def get_task(self, workspace: str, task_id: str) -> Task | None: ...
+
+    def task_by_message(self, workspace: str, caller: str, message_id: str) -> Task | None:
+        """The task ``caller`` sent with ``message_id`` (the dedupe key), if it was stored."""
+        ...
+
+    def list_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        """Newest first; ``after`` is an opaque cursor (a task id) for pagination."""
+        ...
+
+    def cancel(
+        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
+    ) -> tuple[Task | None, Outcome]:
+        """Queued → cancelled at once; leased → cancelled with the lease revoked; terminal →
+        (task, DUPLICATE) if already cancelled else (task, LEASE_LOST) meaning not cancelable.
+        With ``actor``, a won cancel is audited as allowed under ``rule`` and a refused one
+        (LEASE_LOST) as refused, in this transaction."""
+        ...
+
+    def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent: ...
+
+    def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]: ...
+
+    # -- tasks: receiver side (fenced) ----------------------------------------------------------
+    def claim(
+        self,
+        workspace: str,
+        receiver: str,
+        owner: str,
+        *,
+        limit: int = 1,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable tasks for ``receiver``: queued ones whose run_after has
+        passed, plus leases that expired (attempt counted here; past max_attempts → failed), never
+        a second task of a session_key that has one leased, never out of session order.
+        With ``actor``, one ``task.claim`` record per lease, in this transaction."""
+        ...
+
+    def renew(
+        self,
+        task_id: str,
+        epoch: int,
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> Outcome:
+        """Extend a live lease. With ``actor`` only a refusal is audited (``lease.lost``):
+        renewals are too frequent to be decisions worth a record."""
+        ...
+
+    def progress(
+        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
+    ) -> Outcome:
+        """Record a progress event under a live lease."""
+        ...
+
+    def complete(
+        self,
+        task_id: str,
+        epoch: int,
+        result: str,
+        *,
+        input_required: bool = False,
+        actor: str | None = None,
+    ) -> Outcome: ...
+
+    def complete_many(
+        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
+    ) -> list[Outcome]:
+        """Record several successes ``(task_id, epoch, result)`` in one transaction (one
+        commit, one fsync); outcomes in input order, each as ``complete`` would answer."""
+        ...
+
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
+        """The receiver has stopped a cancelled task: release its session slot. OK the first
+        time, DUPLICATE after, LEASE_LOST for another epoch or a task that was not cancelled
+        while leased."""
+        ...
+
+    def fail(
+        self,
+        task_id: str,
+        epoch: int,
+        error: str,
+        *,
+        retryable: bool = True,
+        backoff_seconds: float = 1.0,
+        actor: str | None = None,
+    ) -> Outcome:
+        """Retryable with attempts left → queued again after a backoff; else failed."""
+        ...
+
+    def sweep(self) -> int:
+        """Settle expired leases: no attempts left → failed, else queued again (epoch bumped,
+        so the old holder is fenced out); expired cancel grace → session slot released.
+        Return how many changed. Safe to run on every replica at once."""
+        ...
