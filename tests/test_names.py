@@ -138,12 +138,3 @@ def test_long_runtime_paths_never_truncate_and_sockets_fit(runtime_dir: Path) ->
     deeper.mkdir(mode=0o700)
     d2 = names.registry_dir("demo", {"XDG_RUNTIME_DIR": str(deeper)})
     assert str(d2).startswith(str(names.fallback_base()))
-
-
-def test_atomic_write_replaces_whole(tmp_path: Path) -> None:
-    p = tmp_path / "note"
-    names.atomic_write(p, b"one")
-    names.atomic_write(p, b"two")
-    assert p.read_bytes() == b"two"
-    assert [x.name for x in tmp_path.iterdir()] == ["note"]
-    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600

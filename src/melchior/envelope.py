@@ -19,12 +19,14 @@ this module on its path (NamedTuples, not dataclasses or enums, for that reason)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from melchior.policy.decision import Decision
-from melchior.policy.fence import Fenced, fence_new
 from melchior.policy.hops import Chain
 from melchior.wire.envelope import Refused
+
+if TYPE_CHECKING:  # fencing draws random markers; 'status' and 'who' never need it
+    from melchior.policy.fence import Fenced
 
 # -- receipts ------------------------------------------------------------------------------
 
@@ -41,6 +43,12 @@ ANSWERED = "answered"
 
 RECEIPT_KINDS: tuple[str, ...] = (REFUSED, HELD, QUEUED, DELIVERED, ANSWERED)
 """The one list of what can become of a message, in the order a message moves through it."""
+
+TELL_SORTS: tuple[str, ...] = ("attention", "note")
+"""Sorts a plain message may carry: wants attention now, or read when free."""
+SORTS: tuple[str, ...] = (*TELL_SORTS, "question", "answer", "report", "task")
+"""Every sort a message can have; questions, answers, reports and tasks come from their
+own verbs (``ask``, ``answer``, ``report``; a relay task), never from a plain tell."""
 
 
 class Message(NamedTuple):
@@ -68,6 +76,8 @@ class Message(NamedTuple):
     def fenced(self, sender_name: str | None = None) -> Fenced:
         """The body fenced as a peer's data for a model to read (the one place it is done
         for every transport): a random marker the body cannot forge, and the sender."""
+        from melchior.policy.fence import fence_new
+
         return fence_new(self.text, sender_name or self.sender, self.sort)
 
 

@@ -322,22 +322,19 @@ def _listed(directory: Path) -> Iterator[str]:
         yield name.split(".", 1)[0]
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Write a sidecar so readers see the old content or the new, never half of it."""
-    import secrets  # start-up: only writers pay for it
-
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def split_handle(about: object) -> tuple[str, str]:
+    """A question handle ``<callee-id>@<message-id>`` (as ``ask`` returns it) → (callee,
+    message id); :class:`NamingError` saying what a handle looks like otherwise. The one
+    parser of handles, for the tool and for serve."""
+    if not isinstance(about, str) or about.count("@") != 1:
+        raise NamingError(
+            f"{about!r} is not a question handle; expected <callee-id>@<message-id> as 'ask' "
+            "returned it"
+        )
+    callee, mid = about.split("@")
+    if not is_id(callee) or not mid:
+        raise NamingError(f"{about!r} is not a question handle <callee-id>@<message-id>")
+    return callee, mid
 
 
 def is_enoent(exc: OSError) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from melchior import names
+from melchior.envelope import TELL_SORTS
 from melchior.policy.hops import Chain, check_hop, first_hop, next_hop
 from melchior.policy.walls import Talk, between
 from melchior.session.identity import Identity, for_tool
@@ -68,7 +69,7 @@ VOCABULARY: tuple[ToolVerb, ...] = (
             Param(
                 "sort",
                 "attention (default): wants the recipient's attention; note: read when free",
-                enum=("attention", "note"),
+                enum=TELL_SORTS,
             ),
             CHAIN,
         ),
@@ -250,6 +251,13 @@ class Context:
         return chain
 
 
+def _handle(about: str) -> tuple[str, str]:
+    try:
+        return names.split_handle(about)
+    except names.NamingError as exc:
+        raise Usage(str(exc)) from None
+
+
 def verb_who(ctx: Context, req: Request) -> list[Any]:
     """The sessions the walls let us reach that answer a connect right now.
 
@@ -292,9 +300,6 @@ def verb_status(ctx: Context, req: Request) -> list[Any]:
     return ctx.call(who, "status", [])
 
 
-TELL_SORTS = next(p.enum for p in BY_NAME["tell"].optional if p.name == "sort")
-
-
 def verb_tell(ctx: Context, req: Request) -> list[Any]:
     if req.message is None:
         raise Usage("'tell' needs --message=<text>")
@@ -325,9 +330,7 @@ def verb_answer(ctx: Context, req: Request) -> list[Any]:
     me = ctx.need_me("answer")
     if req.about is None or req.message is None:
         raise Usage("'answer' needs --about=<id@message-id> and --message=<text>")
-    callee, _, mid = req.about.partition("@")
-    if not mid or not names.is_id(callee):
-        raise Usage(f"{req.about!r} is not a question handle <callee-id>@<message-id>")
+    callee, _mid = _handle(req.about)
     if callee != me.id:
         raise Refused(
             f"{req.about} was asked of {callee}, not of you ({me.id}); only {callee} can answer",
@@ -367,9 +370,7 @@ def verb_task(ctx: Context, req: Request) -> list[Any]:
             f"{req.about!r} is not a task handle <id>@<message-id> from ask, nor the id of a "
             "child of yours; poll a session with --verb=status --who=<id>"
         )
-    callee, _, mid = req.about.partition("@")
-    if not mid or not names.is_id(callee):
-        raise Usage(f"{req.about!r} is not a question handle <callee-id>@<message-id>")
+    callee, _mid = _handle(req.about)
     if req.who is not None and req.who != callee:
         raise Usage(f"{req.about} was asked of {callee}, not of {req.who}")
     try:

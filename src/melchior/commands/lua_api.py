@@ -7,8 +7,6 @@ library is written there atomically, for redirecting into a config directory."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -29,18 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     # A Lua host that loads the file while we write it must see the old one or the new
-    # one, never half: temp file in the same directory, then rename over.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # one, never half. The library is no secret: readable like any installed file.
+    from melchior.files import atomic_write
+
+    atomic_write(path, data, mode=0o644)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -24,18 +24,16 @@ or trusted is treated as absent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from melchior.files import atomic_write, xdg
 from melchior.providers.client import MAX_LISTED_MODELS, ProviderClient, provider_for
 from melchior.providers.config import ProviderConfig
 from melchior.providers.errors import ProviderError
@@ -55,10 +53,7 @@ a failure, the config's ``models``, or nowhere (failed with nothing cached)."""
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if env is None else env
-    base = environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if base and os.path.isabs(base) else Path(environ.get("HOME", "~")) / ".cache"
-    return root.expanduser() / "melchior" / "models"
+    return xdg("cache", env) / "melchior" / "models"
 
 
 def fingerprint(config: ProviderConfig) -> str:
@@ -119,18 +114,8 @@ class ModelCache:
             "fetched_at": fetched_at,
             "models": models,
         }
-        fd, tmp = tempfile.mkstemp(prefix=f".{config.name}.", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(record, f, ensure_ascii=False, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(config.name))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        text = json.dumps(record, ensure_ascii=False, indent=1) + "\n"
+        atomic_write(self.path(config.name), text.encode("utf-8"))
 
 
 @dataclass

@@ -31,9 +31,9 @@ class ConfigError(ValueError):
 
 
 def config_path(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_CONFIG_HOME") or ""
-    root = Path(base) if base and os.path.isabs(base) else Path(env.get("HOME", "~")) / ".config"
-    return root.expanduser() / "melchior" / "config.toml"
+    from melchior.files import xdg
+
+    return xdg("config", env) / "melchior" / "config.toml"
 
 
 def _talk_in(table: Any, where: str, path: Path) -> Talk | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from melchior import names
+from melchior.files import atomic_write
 from melchior.policy.walls import Role, Session
 
 Liveness = Literal["live", "stale", "gone"]
@@ -157,8 +158,8 @@ class Registry:
     # -- notes ----------------------------------------------------------------------------
 
     def write_notes(self, session_id: str, parent: str, role: Role) -> None:
-        names.atomic_write(self.dir / f"{session_id}.role", f"{role}\n".encode())
-        names.atomic_write(self.dir / f"{session_id}.parent", f"{parent}\n".encode())
+        atomic_write(self.dir / f"{session_id}.role", f"{role}\n".encode())
+        atomic_write(self.dir / f"{session_id}.parent", f"{parent}\n".encode())
 
     # -- minted secrets -------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ class Registry:
         d.mkdir(mode=0o700, exist_ok=True)
         body = {"id": minted.id, "parent": minted.parent, "role": minted.role}
         body["token"] = minted.token
-        names.atomic_write(d / minted.id, json.dumps(body).encode())
+        atomic_write(d / minted.id, json.dumps(body).encode())
 
     def minted(self, minter: str, child: str) -> Minted | None:
         try:

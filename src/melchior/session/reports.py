@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from melchior import names
+from melchior.files import atomic_write
 from melchior.session.registry import Registry
 
 MAX_REPORT = 4 * 1024 * 1024
@@ -119,5 +120,5 @@ def submit(reg: Registry, who: str, text: str) -> Report:
         revision = (previous.revision if previous is not None else 0) + 1
         report = Report(who, revision, digest(text), text, "json")
         body = {"revision": revision, "sha256": report.sha256, "text": text}
-        names.atomic_write(reg.dir / f"{who}.report", json.dumps(body).encode("utf-8"))
+        atomic_write(reg.dir / f"{who}.report", json.dumps(body).encode("utf-8"))
     return report

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from melchior import names
+from melchior.envelope import TELL_SORTS
 from melchior.policy.fence import fence_new
 from melchior.policy.hops import Chain, check_hop, first_hop
 from melchior.policy.walls import Session, Talk, between
 from melchior.session.client import peer_uid
 from melchior.session.identity import Identity, same_secret
 from melchior.session.registry import Registry
-from melchior.session.verbs import BY_NAME, TELL_SORTS, VERBS
+from melchior.session.verbs import BY_NAME, VERBS
 from melchior.wire import frames, lines
 from melchior.wire.codec import JSONObject, WireError
 from melchior.wire.envelope import Refused, event, refused
@@ -51,16 +52,10 @@ def new_message_id() -> str:
 
 def split_about(about: Any) -> tuple[str, str]:
     """``<callee-id>@<message-id>`` → (callee, message id), or a refusal saying why."""
-    if not isinstance(about, str) or about.count("@") != 1:
-        raise Refused(
-            f"{about!r} is not a question handle; expected <callee-id>@<message-id> as 'ask' "
-            "returned it",
-            "bad-args",
-        )
-    callee, mid = about.split("@")
-    if not names.is_id(callee) or not mid:
-        raise Refused(f"{about!r} is not a question handle <callee-id>@<message-id>", "bad-args")
-    return callee, mid
+    try:
+        return names.split_handle(about)
+    except names.NamingError as exc:
+        raise Refused(str(exc), "bad-args") from None
 
 
 @dataclass

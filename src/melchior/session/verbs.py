@@ -47,6 +47,3 @@ VERBS: tuple[Verb, ...] = (
 )
 
 BY_NAME: dict[str, Verb] = {v.name: v for v in VERBS}
-
-TELL_SORTS = ("attention", "note")
-"""Sorts a tell may carry. 'question', 'answer' and 'report' come from their own verbs."""

@@ -35,8 +35,9 @@ class CliError(Exception):
 
 
 def config_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mellan"
+    from melchior.files import xdg
+
+    return xdg("config") / "mellan"
 
 
 def login_file() -> Path:
@@ -45,7 +46,7 @@ def login_file() -> Path:
 
 def write_private_json(path: Path, data: dict[str, Any]) -> None:
     """Write a credential file readable by its owner only (0600, directory 0700)."""
-    from melchior.mellan.relay.serve import write_private
+    from melchior.files import write_private
 
     write_private(path, json.dumps(data, indent=2) + "\n")
 
@@ -74,14 +75,18 @@ def agent_file(agent: str) -> Path:
 
 def read_agent(agent: str) -> dict[str, Any]:
     path = agent_file(agent)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise CliError(
             f"no stored credential for agent {agent!r} ({path}); run 'mellan join CODE "
             "--relay URL' on this machine first",
             EXIT_USAGE,
-        ) from None
+        )
+    return _read_credential(path)
+
+
+def _read_credential(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict) or "token" not in data:
@@ -89,8 +94,49 @@ def read_agent(agent: str) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class AgentCredential:
+    relay: str
+    token: str
+    workspace: str | None
+
+
+def stored_agents() -> list[Path]:
+    root = config_dir() / "agents"
+    return sorted(root.rglob("*.json")) if root.is_dir() else []
+
+
+def agent_credential(ns: argparse.Namespace) -> AgentCredential:
+    """An *agent* credential, by the same precedence as :func:`target`: ``--as AGENT`` (a
+    stored join), else ``$MELLAN_TOKEN``, else — where an owner login would follow — the
+    only agent credential stored on this machine."""
+    relay = getattr(ns, "relay", None) or os.environ.get("MELLAN_RELAY")
+    as_agent = getattr(ns, "as_agent", None)
+    if as_agent:
+        joined = read_agent(as_agent)
+    elif os.environ.get("MELLAN_TOKEN"):
+        token = os.environ["MELLAN_TOKEN"]
+        url = relay or read_login().get("relay") or DEFAULT_RELAY
+        return AgentCredential(str(url).rstrip("/"), token, None)
+    else:
+        found = stored_agents()
+        if len(found) != 1:
+            listed = ", ".join(str(p) for p in found) if found else "none stored"
+            raise CliError(
+                f"no agent credential: pass --as AGENT or set MELLAN_TOKEN ({listed})", EXIT_USAGE
+            )
+        joined = _read_credential(found[0])
+    url = relay or joined.get("relay") or DEFAULT_RELAY
+    workspace = joined.get("workspace")
+    return AgentCredential(
+        str(url).rstrip("/"), str(joined["token"]), str(workspace) if workspace else None
+    )
+
+
 def target(ns: argparse.Namespace, *, need_token: bool = True) -> Target:
-    """Relay and credential: ``--as AGENT`` (a stored join), else env, else the login."""
+    """Relay and credential. The one rule of precedence, for every command: the credential
+    of ``--as AGENT`` (a stored join), else ``$MELLAN_TOKEN``, else the stored login; the
+    relay from ``--relay``, else ``$MELLAN_RELAY``, else the stored one."""
     as_agent = getattr(ns, "as_agent", None)
     if as_agent:
         joined = read_agent(as_agent)

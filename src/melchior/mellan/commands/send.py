@@ -2,23 +2,22 @@
 
 It speaks A2A 1.0 HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}`` (docs/a2a.md).
 
-The credential is an *agent* credential: ``$MELLAN_TOKEN``, else the one ``mellan join``
-stored for ``--as AGENT``, else the only one stored. By default the task is accepted and
-its id printed at once (the receiver may be offline; the work stays queued). ``--wait``
-blocks until the task completes, fails, is cancelled or asks for input; ``--stream``
-prints progress as it happens. Exit status: 0 when accepted/completed/input-required,
-1 when refused, failed or cancelled, 3 when the relay is unreachable.
+The credential is an *agent* credential: the one ``mellan join`` stored for ``--as AGENT``,
+else ``$MELLAN_TOKEN``, else the only one stored (the rule every mellan command follows).
+By default the task is accepted and its id printed at once (the receiver may be offline;
+the work stays queued). ``--wait`` blocks until the task completes, fails, is cancelled
+or asks for input; ``--stream`` prints progress as it happens. Exit status: 0 when
+accepted/completed/input-required, 1 when refused, failed or cancelled, 3 when the relay
+is unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -26,14 +25,11 @@ import httpx
 
 from melchior import __version__
 from melchior.mellan.commands._common import (
-    DEFAULT_RELAY,
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
-    EXIT_USAGE,
     CliError,
-    config_dir,
+    agent_credential,
     guarded,
-    read_login,
 )
 
 DONE_BAD = ("TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
@@ -55,45 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relay", metavar="URL", help="relay URL (default: stored or env)")
 
 
-def _stored_agents() -> list[Path]:
-    root = config_dir() / "agents"
-    return sorted(root.rglob("*.json")) if root.is_dir() else []
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read stored credential {path}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
-
-
 def credential(ns: argparse.Namespace) -> tuple[str, str, str | None]:
-    """(relay URL, token, workspace if known) of the calling agent."""
-    env_relay = ns.relay or os.environ.get("MELLAN_RELAY")
-    token = os.environ.get("MELLAN_TOKEN")
-    if token:
-        return (env_relay or read_login().get("relay") or DEFAULT_RELAY), token, ns.workspace
-    if ns.as_agent:
-        path = config_dir() / "agents" / f"{ns.as_agent}.json"
-        if not path.exists():
-            raise CliError(f"no stored credential for {ns.as_agent!r} ({path}); run 'mellan join'")
-        stored = _read(path)
-    else:
-        found = _stored_agents()
-        if len(found) != 1:
-            raise CliError(
-                "no agent credential: set MELLAN_TOKEN, or pass --as AGENT ("
-                + (f"stored: {', '.join(str(p) for p in found)}" if found else "none stored")
-                + ")",
-                EXIT_USAGE,
-            )
-        stored = _read(found[0])
-    return (
-        env_relay or stored.get("relay") or DEFAULT_RELAY,
-        str(stored.get("token", "")),
-        ns.workspace or stored.get("workspace"),
-    )
+    """(relay URL, token, workspace if known) of the calling agent, by the one rule every
+    command follows (``_common.agent_credential``)."""
+    found = agent_credential(ns)
+    return found.relay, found.token, ns.workspace or found.workspace
 
 
 class Wire:

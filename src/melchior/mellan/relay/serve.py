@@ -14,7 +14,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -31,11 +30,12 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from melchior import __version__
+from melchior.files import write_private, xdg
 from melchior.mellan.relay.app import MAX_HEADER_BYTES, create_app
 from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
-from melchior.mellan.relay.store import default_sqlite_path, open_store
+from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Store
 
 DEFAULT_HOST = "127.0.0.1"
@@ -58,12 +58,7 @@ class RelayOptions:
 
 
 def data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "mellan"
-
-
-def is_postgres(url: str | None) -> bool:
-    return url is not None and url.startswith(("postgresql://", "postgres://"))
+    return xdg("data") / "mellan"
 
 
 def redact(url: str | None) -> str:
@@ -80,23 +75,6 @@ def redact(url: str | None) -> str:
         netloc = f"{parts.username}:***@{host}" if parts.username else host
         return urlunsplit(parts._replace(netloc=netloc))
     return url
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by the owner only, replacing it atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def bootstrap(

@@ -10,13 +10,18 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from melchior.files import xdg
 from melchior.mellan.relay.store.base import Store
 
 
 def default_sqlite_path() -> Path:
     """``$XDG_DATA_HOME/mellan/relay.db`` (XDG default ``~/.local/share``)."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "mellan" / "relay.db"
+    return xdg("data") / "mellan" / "relay.db"
+
+
+def is_postgres(url: str | None) -> bool:
+    """Whether a database URL names PostgreSQL (else it is SQLite)."""
+    return url is not None and url.startswith(("postgresql://", "postgres://"))
 
 
 def open_store(
@@ -32,7 +37,7 @@ def open_store(
     is created 0600 and a missing directory 0700: they hold credential hashes and payloads.
     """
     store: Store
-    if url is not None and url.startswith(("postgresql://", "postgres://")):
+    if url is not None and is_postgres(url):
         from melchior.mellan.relay.store.postgres import PostgresStore
 
         store = PostgresStore(url, publish=publish)
@@ -64,4 +69,4 @@ def open_store(
     return store
 
 
-__all__ = ["Store", "default_sqlite_path", "open_store"]
+__all__ = ["Store", "default_sqlite_path", "is_postgres", "open_store"]
