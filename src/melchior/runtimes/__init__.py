@@ -1,0 +1,1 @@
+"""Runtime adapters: how one turn of one agent runs."""
