@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -190,6 +191,23 @@ async def finish_despite_cancel(coro: Coroutine[Any, Any, None]) -> None:
 
 
 # -- running one program ---------------------------------------------------------------------------
+
+
+def compose_env(*layers: Mapping[str, str], drop_prefix: str | None = None) -> dict[str, str]:
+    """The program's environment: ours, then each layer on top (configuration, then the
+    turn). Variables of ours starting with ``drop_prefix`` are left out, so a stale value
+    inherited from the caller's own environment is never mistaken for this turn's."""
+    env = {k: v for k, v in os.environ.items() if not (drop_prefix and k.startswith(drop_prefix))}
+    for layer in layers:
+        env.update(layer)
+    return env
+
+
+def find_program(program: str, env: Mapping[str, str]) -> str | None:
+    """``program`` resolved on the PATH the program itself will see (not ours)."""
+    if os.sep in program:
+        return program if os.access(program, os.X_OK) and os.path.isfile(program) else None
+    return shutil.which(program, path=env.get("PATH", os.defpath))
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
