@@ -23,7 +23,15 @@ def _command(config: Mapping[str, Any]) -> Runtime:
     return CommandRuntime(config)
 
 
-ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType({"command": _command})
+def _claude_code(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.claude_code import ClaudeCodeRuntime
+
+    return ClaudeCodeRuntime(config)
+
+
+ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
+    {"command": _command, "claude-code": _claude_code}
+)
 """Every adapter by its registry name."""
 
 
