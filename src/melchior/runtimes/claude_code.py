@@ -64,6 +64,7 @@ from melchior.runtimes.process import (
     Limits,
     LineTooLong,
     SpawnError,
+    check_session_id,
     compose_env,
     find_program,
     read_limits,
@@ -104,15 +105,6 @@ _REFUSALS = re.compile(
     r"is invalid\. Allowed choices|requires --verbose|cannot be used with root|argument missing"
 )
 _SUMMARY_KEYS = ("description", "command", "file_path", "path", "pattern", "url", "prompt")
-
-
-def check_session_id(session: str) -> str | None:
-    """Why ``session`` cannot be passed to a CLI as a session id, or None if it can."""
-    if session.startswith("-"):
-        return f"session id {session!r} starts with '-', which a command line reads as a flag"
-    if any(ord(c) < 32 or ord(c) == 127 for c in session) or len(session) > 256:
-        return f"session id {session!r} is not a plausible session id"
-    return None
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,15 @@ def compose_env(*layers: Mapping[str, str], drop_prefix: str | None = None) -> d
     return env
 
 
+def check_session_id(session: str) -> str | None:
+    """Why ``session`` cannot be passed to a CLI as a session id, or None if it can."""
+    if session.startswith("-"):
+        return f"session id {session!r} starts with '-', which a command line reads as a flag"
+    if any(ord(c) < 32 or ord(c) == 127 for c in session) or len(session) > 256:
+        return f"session id {session!r} is not a plausible session id"
+    return None
+
+
 def find_program(program: str, env: Mapping[str, str]) -> str | None:
     """``program`` resolved on the PATH the program itself will see (not ours)."""
     if os.sep in program:

@@ -29,8 +29,14 @@ def _claude_code(config: Mapping[str, Any]) -> Runtime:
     return ClaudeCodeRuntime(config)
 
 
+def _codex(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.codex import CodexRuntime
+
+    return CodexRuntime(config)
+
+
 ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
-    {"command": _command, "claude-code": _claude_code}
+    {"command": _command, "claude-code": _claude_code, "codex": _codex}
 )
 """Every adapter by its registry name."""
 
