@@ -35,8 +35,14 @@ def _codex(config: Mapping[str, Any]) -> Runtime:
     return CodexRuntime(config)
 
 
+def _a2a(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.a2a import A2ARuntime
+
+    return A2ARuntime(config)
+
+
 ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
-    {"command": _command, "claude-code": _claude_code, "codex": _codex}
+    {"command": _command, "claude-code": _claude_code, "codex": _codex, "a2a": _a2a}
 )
 """Every adapter by its registry name."""
 
