@@ -104,3 +104,31 @@ def test_option_values_are_checked_by_type_and_range() -> None:
         r.text_map("m")
     with pytest.raises(RuntimeConfigError, match="options must be a mapping"):
         OptionReader("x", [], ())  # type: ignore[arg-type]
+
+
+def test_the_documented_examples_build_and_name_every_option() -> None:
+    import re
+    import tomllib
+
+    from melchior.runtimes import a2a, claude_code, codex, command
+    from melchior.runtimes.process import PROCESS_OPTIONS
+
+    doc = (Path(__file__).parent.parent / "docs" / "runtimes.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", doc, re.S)
+    options = {
+        "command": command.OPTIONS,
+        "claude-code": claude_code.OPTIONS,
+        "codex": codex.OPTIONS,
+        "a2a": a2a.OPTIONS,
+    }
+    seen = set()
+    for block in blocks:
+        for agent in tomllib.loads(block)["routes"].values():
+            for route in agent.values():
+                runtime_for(route["adapter"], route["options"])
+                missing = (
+                    set(options[route["adapter"]]) - set(PROCESS_OPTIONS) - set(route["options"])
+                )
+                assert not missing, f"{route['adapter']} example lacks {missing}"
+                seen.add(route["adapter"])
+    assert seen == set(ADAPTERS)

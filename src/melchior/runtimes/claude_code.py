@@ -524,8 +524,8 @@ async def _outcome(
                 {"permission_denials": denials},
             )
         )
-    text = res.get("result") if isinstance(res.get("result"), str) else stream.last_text
-    assert isinstance(text, str)
+    answer = res.get("result")
+    text = answer if isinstance(answer, str) else stream.last_text
     if res.get("terminal_reason") == "aborted_streaming":
         return TurnResult(
             CANCELED, text=text, retryable=True, session=session, usage=usage, path=path
