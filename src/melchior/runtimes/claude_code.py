@@ -385,57 +385,10 @@ class ClaudeCodeRuntime:
         if turn.session is not None and (why := check_session_id(turn.session)):
             return failed(why)
         env = compose_env(opts.env, turn.env)
-
         if opts.inbox is not None:
-            token: str | None = None
-            if opts.inbox_token_env is not None:
-                token = env.get(opts.inbox_token_env)
-                if not token:
-                    return failed(
-                        f"option inbox_token_env names {opts.inbox_token_env}, which is not set",
-                        path="inbox",
-                    )
-            try:
-                await deliver_to_inbox(opts.inbox, turn.prompt, token, opts.inbox_timeout)
-            except InboxUnavailable as exc:
-                await emit(
-                    Progress(
-                        "status",
-                        f"the live session's inbox {opts.inbox} is unavailable ({exc}); "
-                        + (
-                            f"resuming session {turn.session} in a new process instead"
-                            if turn.session
-                            else "starting a new session instead"
-                        ),
-                        {"path": "resumed" if turn.session else "new", "inbox_error": str(exc)},
-                    )
-                )
-            except InboxBroken as exc:
-                return failed(
-                    f"the live session's inbox {opts.inbox} accepted a connection, then failed "
-                    f"({exc}); the message may or may not have arrived, so it is not resent",
-                    path="inbox",
-                    session=turn.session,
-                )
-            else:
-                await emit(
-                    Progress(
-                        "status",
-                        f"delivered to the live Claude Code session through its inbox {opts.inbox}",
-                        {"path": "inbox", "session": turn.session},
-                    )
-                )
-                return TurnResult(
-                    COMPLETED,
-                    text=(
-                        "Delivered to the live Claude Code session"
-                        + (f" {turn.session}" if turn.session else "")
-                        + " through its inbox. It answers in its own time; no answer is "
-                        "captured here."
-                    ),
-                    session=turn.session,
-                    path="inbox",
-                )
+            delivered = await self._via_inbox(turn, opts.inbox, opts, env, emit)
+            if delivered is not None:
+                return delivered
         else:
             await emit(
                 Progress(
@@ -447,6 +400,58 @@ class ClaudeCodeRuntime:
                 )
             )
         return await self._process(turn, opts, env, emit)
+
+    async def _via_inbox(
+        self, turn: Turn, inbox: str, opts: ClaudeCodeOptions, env: dict[str, str], emit: Emit
+    ) -> TurnResult | None:
+        """Deliver through the live session's inbox; None means nobody listens there and
+        the turn should resume the session instead (after saying so)."""
+        token: str | None = None
+        if opts.inbox_token_env is not None:
+            token = env.get(opts.inbox_token_env)
+            if not token:
+                return failed(
+                    f"option inbox_token_env names {opts.inbox_token_env}, which is not set",
+                    path="inbox",
+                )
+        try:
+            await deliver_to_inbox(inbox, turn.prompt, token, opts.inbox_timeout)
+        except InboxUnavailable as exc:
+            instead = (
+                f"resuming session {turn.session} in a new process instead"
+                if turn.session
+                else "starting a new session instead"
+            )
+            await emit(
+                Progress(
+                    "status",
+                    f"the live session's inbox {inbox} is unavailable ({exc}); {instead}",
+                    {"path": "resumed" if turn.session else "new", "inbox_error": str(exc)},
+                )
+            )
+            return None
+        except InboxBroken as exc:
+            return failed(
+                f"the live session's inbox {inbox} accepted a connection, then failed "
+                f"({exc}); the message may or may not have arrived, so it is not resent",
+                path="inbox",
+                session=turn.session,
+            )
+        await emit(
+            Progress(
+                "status",
+                f"delivered to the live Claude Code session through its inbox {inbox}",
+                {"path": "inbox", "session": turn.session},
+            )
+        )
+        session = f" {turn.session}" if turn.session else ""
+        return TurnResult(
+            COMPLETED,
+            text=f"Delivered to the live Claude Code session{session} through its inbox. "
+            "It answers in its own time; no answer is captured here.",
+            session=turn.session,
+            path="inbox",
+        )
 
     async def _process(
         self, turn: Turn, opts: ClaudeCodeOptions, env: dict[str, str], emit: Emit
