@@ -1,0 +1,62 @@
+"""Adapter names to factories: what a route's ``adapter = "codex"`` means.
+
+Factories import their adapter on first use, so naming the registry costs nothing and
+the optional ``a2a-sdk`` is only needed by whoever actually configures an ``a2a`` route.
+A factory validates its configuration at once: a bad option fails when the receiver or
+the plane starts, with the option's name, not on the first task at three in the morning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from melchior.runtimes.base import Runtime, RuntimeConfigError
+
+AdapterFactory = Callable[[Mapping[str, Any]], Runtime]
+
+
+def _command(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.command import CommandRuntime
+
+    return CommandRuntime(config)
+
+
+def _claude_code(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.claude_code import ClaudeCodeRuntime
+
+    return ClaudeCodeRuntime(config)
+
+
+def _codex(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.codex import CodexRuntime
+
+    return CodexRuntime(config)
+
+
+def _a2a(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.a2a import A2ARuntime
+
+    return A2ARuntime(config)
+
+
+ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
+    {"command": _command, "claude-code": _claude_code, "codex": _codex, "a2a": _a2a}
+)
+"""Every adapter by its registry name."""
+
+
+def runtime_for(name: str, config: Mapping[str, Any] | None = None) -> Runtime:
+    """The runtime adapter ``name`` configured with ``config`` (its options).
+
+    Raises :class:`RuntimeConfigError` for an unknown name or a bad option.
+    """
+    factory = ADAPTERS.get(name) if isinstance(name, str) else None
+    if factory is None:
+        raise RuntimeConfigError(
+            f"no runtime adapter is named {name!r}; the adapters are {', '.join(ADAPTERS)}"
+        )
+    if config is not None and not isinstance(config, Mapping):
+        raise RuntimeConfigError(f"{name}: options must be a mapping, got {type(config).__name__}")
+    return factory(config or {})
