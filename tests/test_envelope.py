@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,7 +20,7 @@ from melchior.envelope import (
 )
 from melchior.policy import allow, refuse
 from melchior.policy.fence import unfence
-from melchior.policy.hops import first_hop
+from melchior.policy.hops import Chain, first_hop
 from melchior.wire.envelope import Refused
 
 
@@ -72,3 +74,15 @@ def test_fenced_body_round_trips_and_names_the_sender(body: str, sender: str) ->
     assert back == body
     assert sort == "attention"
     assert who  # the sender's name, made safe for the marker line
+
+
+@pytest.mark.parametrize("hop", [2, 2.0, Decimal("2.0"), Decimal("2")])
+def test_a_chain_hop_is_a_whole_number_however_spelled(hop: object) -> None:
+    chain = Chain.from_dict({"chain": "c", "hop": hop, "path": ["a"]})
+    assert chain.hop == 2 and isinstance(chain.hop, int)
+
+
+@pytest.mark.parametrize("hop", [0, 1.5, True, None, "2", Decimal("1e1000000"), "²", [1]])
+def test_a_chain_hop_that_is_not_a_count_is_refused(hop: object) -> None:
+    with pytest.raises(ValueError, match="'hop'"):
+        Chain.from_dict({"chain": "c", "hop": hop, "path": []})

@@ -379,9 +379,7 @@ def _relay_send(
 
 def test_through_the_mellan_relay(tmp_path: Path) -> None:
     from a2a_kit import running
-    from melchior.mellan.a2a.hops import HOPS_URI as RELAY_HOPS_URI
 
-    assert HOPS_URI == RELAY_HOPS_URI  # the runtime speaks the relay's extension
     with running(f"sqlite:///{tmp_path / 'relay.db'}") as (server, world, _rx):
         echoed = _relay_send(tmp_path, server, world, "echo over the relay", None)
         assert echoed.state == "completed", echoed
@@ -393,11 +391,6 @@ def test_through_the_mellan_relay(tmp_path: Path) -> None:
         assert broke.state == "failed" and broke.error == "the agent failed the task: it broke"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a2a-sdk's protobuf client sends metadata numbers as doubles (hop: 1.0) and the relay "
-    "refuses a hop that is not an integer; the relay should accept an integral number",
-)
 def test_the_hop_chain_through_the_mellan_relay(tmp_path: Path) -> None:
     from a2a_kit import CALLER, running
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+
+from melchior.numbers import whole  # re-exported: the relay's field readers use it
 
 __all__ = ["MAX_DEPTH", "JSONTextError", "Raw", "check_request", "decode", "encode", "whole"]
 
@@ -159,54 +160,3 @@ def check_request(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
 
 _SURROGATE = "a string holds a lone surrogate (\\ud800-\\udfff); that is not Unicode text"
 _SURROGATE_KEY = "an object key holds a lone surrogate (\\ud800-\\udfff); that is not Unicode text"
-
-
-# -- whole numbers, judged before they are built ----------------------------------------------
-
-_DIGITS = re.compile(r"[+-]?[0-9]{1,19}")
-
-
-def whole(value: Any, lo: int, hi: int, *, text: bool = False) -> int:
-    """The integer ``value`` stands for, if it is whole and within ``lo..hi``; else a
-    ValueError whose message completes "field X …".
-
-    Judged by the size of its spelling *before* any conversion: converting a decimal such
-    as ``1e1000000`` to an int is quadratic in its digits and would stall the event loop
-    for seconds (or run out of memory), so a number whose magnitude is past the range is
-    refused from its exponent alone. With ``text=True`` a decimal string is accepted too
-    (ProtoJSON writes 64-bit integers as strings; query parameters are text), but only
-    ASCII digits: ``"²"`` is a digit to ``str.isdigit`` and not to ``int``.
-    """
-    span = f"must be a whole number between {lo} and {hi}"
-    if isinstance(value, bool):
-        raise ValueError(f"{span}, not true/false")
-    if isinstance(value, str):
-        if not text or _DIGITS.fullmatch(value.strip()) is None:
-            raise ValueError(f"{span}, got {value[:40]!r}")
-        number = int(value.strip())
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, Decimal | float):
-        exact = value if isinstance(value, Decimal) else Decimal(value)
-        if not exact.is_finite():
-            raise ValueError(span)
-        if exact and exact.adjusted() > max(len(str(abs(lo))), len(str(abs(hi)))):
-            raise ValueError(f"{span} (got a number about 1e{exact.adjusted()})")
-        if exact != exact.to_integral_value():
-            raise ValueError(f"{span}, got a fraction")
-        number = int(exact)
-    else:
-        raise ValueError(f"{span}, got {_json_kind(value)}")
-    if not lo <= number <= hi:
-        raise ValueError(f"{span}, got {number}")
-    return number
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__

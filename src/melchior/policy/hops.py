@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from melchior.numbers import whole
 from melchior.policy.decision import Decision, allow, refuse
 
 MAX_HOPS = 4
 """The last hop allowed; hop MAX_HOPS + 1 is refused."""
+
+MAX_HOP_VALUE = 2**31 - 1
+"""Largest hop count a chain may *say* (so that it can be refused as too far, by name)."""
+
+HOPS_URI = "https://melchior.dev/ext/hops/v1"
+"""Where the chain travels in A2A metadata (the relay's entry and the a2a runtime)."""
 
 
 class Chain(NamedTuple):
@@ -32,8 +39,12 @@ class Chain(NamedTuple):
         chain, hop, path = data.get("chain"), data.get("hop"), data.get("path", [])
         if not isinstance(chain, str) or not chain:
             raise ValueError("'chain' must be a non-empty string")
-        if not isinstance(hop, int) or isinstance(hop, bool) or hop < 1:
-            raise ValueError(f"'hop' must be a whole number of at least 1, got {hop!r}")
+        # A whole number however it is spelled: protobuf-based clients send every number
+        # in metadata as a double (``1.0``); judged by size before conversion.
+        try:
+            hop = whole(hop, 1, MAX_HOP_VALUE)
+        except ValueError as exc:
+            raise ValueError(f"'hop' {exc}") from None
         if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
             raise ValueError("'path' must be a list of names")
         return cls(chain, hop, tuple(path))

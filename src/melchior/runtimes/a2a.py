@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from melchior.policy.hops import HOPS_URI
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
     from a2a.client import Client
 
 NAME = "a2a"
-HOPS_URI = "https://melchior.dev/ext/hops/v1"
 """The hop-budget extension (the same URI the relay's A2A entry reads)."""
 A2A_VERSION = "1.0"
 BINDINGS = ("JSONRPC", "HTTP+JSON")

@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from melchior.mellan.relay.a2a.errors import HopLimit, InvalidParams
-from melchior.policy.hops import MAX_HOPS, Chain, check_hop, first_hop
-
-HOPS_URI = "https://melchior.dev/ext/hops/v1"
+from melchior.policy.hops import HOPS_URI, MAX_HOPS, Chain, check_hop, first_hop
 
 EXTENSION = {
     "uri": HOPS_URI,

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from melchior.mellan.relay.a2a import jsontext
-from melchior.mellan.relay.a2a.hops import HOPS_URI
 from melchior.mellan.relay.a2a.timefmt import a2a_ts
 from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState
+from melchior.policy.hops import HOPS_URI
 
 A2A_STATE = {
     TaskState.QUEUED: "TASK_STATE_SUBMITTED",
