@@ -129,7 +129,7 @@ def queue_worker(
                     expire([tid])
                 elif r < abandon_rate + fail_rate:
                     end = time.monotonic_ns()
-                    out = s.fail(tid, ep, "transient", backoff_seconds=0)
+                    out = s.fail(tid, ep, "transient", backoff_seconds=0).outcome
                     note(tid, ep, start, end, "fail", out.value)
                 else:
                     done.append((tid, ep, start))
@@ -137,13 +137,13 @@ def queue_worker(
                 end = time.monotonic_ns()
                 items = [(tid, ep, f'{{"by": "{owner}"}}') for tid, ep, _ in done]
                 if batched_complete:
-                    outs = s.complete_many(items)
+                    outs = [v.outcome for v in s.complete_many(items)]
                 else:
-                    outs = [s.complete(*it) for it in items]
+                    outs = [s.complete(*it).outcome for it in items]
                 for (tid, ep, start), out in zip(done, outs, strict=True):
                     note(tid, ep, start, end, "complete", out.value)
                     if out is Outcome.OK and rng.random() < dup_rate:
-                        again = s.complete(tid, ep, "{}")
+                        again = s.complete(tid, ep, "{}").outcome
                         note(tid, ep, end, end, "dup", again.value)
             if sweep:
                 s.sweep()
@@ -186,7 +186,7 @@ def zombie_worker(url: str, owner: str, log_path: str, seed_value: int, ttl: flo
                             break
                         time.sleep(0.005)
                 body = json.dumps({"owner": owner, "epoch": lease.epoch})
-                out = s.complete(lease.task.id, lease.epoch, body)
+                out = s.complete(lease.task.id, lease.epoch, body).outcome
                 kind = "stalled" if stalled else "prompt"
                 log.write(json.dumps([lease.task.id, lease.epoch, kind, out.value]) + "\n")
     s.close()

@@ -183,7 +183,9 @@ def test_threads_share_one_store(db_url: str) -> None:
                     if not s.list_tasks(WS, states=[TaskState.QUEUED, TaskState.LEASED], limit=1):
                         return
                     continue
-                outs = s.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
+                outs = [
+                    v.outcome for v in s.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
+                ]
                 with lock:
                     wins.extend(x.task.id for x, o in zip(leases, outs, strict=True) if o is ok)
         except BaseException as exc:  # surfaced below, in the test's thread

@@ -110,7 +110,7 @@ class QueueMachine(RuleBasedStateMachine):
         if t is None:
             return
         ep = t.epoch - 1 if stale else t.epoch
-        out = self.s.renew(t.id, ep, lease_seconds=600)
+        out = self.s.renew(t.id, ep, lease_seconds=600).outcome
         if t.state == "leased" and t.epoch == ep:
             assert out is Outcome.OK
             t.expired = False
@@ -123,7 +123,7 @@ class QueueMachine(RuleBasedStateMachine):
         if t is None:
             return
         ep = t.epoch - 1 if stale else t.epoch
-        out = self.s.complete(t.id, ep, "{}", input_required=input_required)
+        out = self.s.complete(t.id, ep, "{}", input_required=input_required).outcome
         if t.state == "leased" and t.epoch == ep:
             assert out is Outcome.OK
             t.state = "input_required" if input_required else "succeeded"
@@ -140,7 +140,7 @@ class QueueMachine(RuleBasedStateMachine):
             (t.id, t.epoch - 1 if stale else t.epoch, f'"{k}"')
             for k, (t, stale) in enumerate(chosen)
         ]
-        outs = self.s.complete_many(items)
+        outs = [v.outcome for v in self.s.complete_many(items)]
         want: list[Outcome] = []
         for (t, _), (_, ep, _) in zip(chosen, items, strict=True):  # sequential semantics
             if t.state == "leased" and t.epoch == ep:
@@ -156,7 +156,7 @@ class QueueMachine(RuleBasedStateMachine):
         if t is None:
             return
         ep = t.epoch - 1 if stale else t.epoch
-        out = self.s.fail(t.id, ep, "x", retryable=retryable, backoff_seconds=0)
+        out = self.s.fail(t.id, ep, "x", retryable=retryable, backoff_seconds=0).outcome
         if t.state == "leased" and t.epoch == ep:
             assert out is Outcome.OK
             t.state = "queued" if retryable and t.attempt < MAX_ATTEMPTS else "failed"
@@ -183,7 +183,7 @@ class QueueMachine(RuleBasedStateMachine):
         t = self._pick(i)
         if t is None:
             return
-        out = self.s.ack_cancel(t.id, t.epoch)
+        out = self.s.ack_cancel(t.id, t.epoch).outcome
         if t.state == "cancelled" and t.held:
             assert out is Outcome.OK
             t.held = t.expired = False

@@ -32,19 +32,19 @@ def test_rule1_stale_epoch_renew_complete_fail_rejected(store: Store) -> None:
     expire(store, t.id)
     [new] = store.claim(WS, RECEIVER, "fresh")  # reclaimed: epoch bumped
     assert new.task.id == t.id and new.epoch > old.epoch
-    assert store.renew(t.id, old.epoch) is Outcome.LEASE_LOST
-    assert store.progress(t.id, old.epoch, "status", "{}") is Outcome.LEASE_LOST
-    assert store.complete(t.id, old.epoch, '{"zombie": true}') is Outcome.LEASE_LOST
-    assert store.fail(t.id, old.epoch, "zombie") is Outcome.LEASE_LOST
+    assert store.renew(t.id, old.epoch).outcome is Outcome.LEASE_LOST
+    assert store.progress(t.id, old.epoch, "status", "{}").outcome is Outcome.LEASE_LOST
+    assert store.complete(t.id, old.epoch, '{"zombie": true}').outcome is Outcome.LEASE_LOST
+    assert store.fail(t.id, old.epoch, "zombie").outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.LEASED and cur.lease_owner == "fresh"
-    assert store.renew(t.id, new.epoch) is Outcome.OK
-    assert store.complete(t.id, new.epoch, '{"ok": 1}') is Outcome.OK
+    assert store.renew(t.id, new.epoch).outcome is Outcome.OK
+    assert store.complete(t.id, new.epoch, '{"ok": 1}').outcome is Outcome.OK
     done = store.get_task(WS, t.id)
     assert done is not None and done.result == '{"ok": 1}'
-    assert store.renew("missing", 1) is Outcome.NOT_FOUND
-    assert store.complete("missing", 1, "{}") is Outcome.NOT_FOUND
-    assert store.fail("missing", 1, "x") is Outcome.NOT_FOUND
+    assert store.renew("missing", 1).outcome is Outcome.NOT_FOUND
+    assert store.complete("missing", 1, "{}").outcome is Outcome.NOT_FOUND
+    assert store.fail("missing", 1, "x").outcome is Outcome.NOT_FOUND
 
 
 def test_rule1_lease_expiry_is_audited(store: Store) -> None:
@@ -87,17 +87,17 @@ def test_rule2_expiry_on_db_clock_with_tiny_lease(store: Store) -> None:
 def test_rule2_fail_retries_with_backoff_then_fails(store: Store) -> None:
     t, _ = store.enqueue(new_task(max_attempts=2))
     [l1] = store.claim(WS, RECEIVER, "a")
-    assert store.fail(t.id, l1.epoch, "boom", backoff_seconds=3600) is Outcome.OK
+    assert store.fail(t.id, l1.epoch, "boom", backoff_seconds=3600).outcome is Outcome.OK
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.QUEUED and cur.error == "boom"
     assert store.claim(WS, RECEIVER, "a") == []  # backing off
     t2, _ = store.enqueue(new_task(max_attempts=2))
     [l2] = store.claim(WS, RECEIVER, "a")
     assert l2.task.id == t2.id
-    assert store.fail(t2.id, l2.epoch, "x", backoff_seconds=0) is Outcome.OK
+    assert store.fail(t2.id, l2.epoch, "x", backoff_seconds=0).outcome is Outcome.OK
     [l3] = store.claim(WS, RECEIVER, "a")
     assert l3.task.id == t2.id and l3.task.attempt == 2
-    assert store.fail(t2.id, l3.epoch, "again", backoff_seconds=0) is Outcome.OK
+    assert store.fail(t2.id, l3.epoch, "again", backoff_seconds=0).outcome is Outcome.OK
     final = store.get_task(WS, t2.id)
     assert final is not None and final.state is TaskState.FAILED and final.attempt == 2
 
@@ -105,8 +105,8 @@ def test_rule2_fail_retries_with_backoff_then_fails(store: Store) -> None:
 def test_rule2_non_retryable_fail_is_final(store: Store) -> None:
     t, _ = store.enqueue(new_task(max_attempts=5))
     [lease] = store.claim(WS, RECEIVER, "a")
-    assert store.fail(t.id, lease.epoch, "bad input", retryable=False) is Outcome.OK
-    assert store.fail(t.id, lease.epoch, "bad input", retryable=False) is Outcome.DUPLICATE
+    assert store.fail(t.id, lease.epoch, "bad input", retryable=False).outcome is Outcome.OK
+    assert store.fail(t.id, lease.epoch, "bad input", retryable=False).outcome is Outcome.DUPLICATE
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.FAILED and cur.attempt == 1
 
@@ -121,7 +121,7 @@ def test_rule3_session_serialised_in_order(store: Store) -> None:
     assert {x.task.id for x in got} == {s[0].id, free.id}  # only the session head + free
     assert store.claim(WS, RECEIVER, "b", limit=10) == []
     head = next(x for x in got if x.task.id == s[0].id)
-    assert store.complete(s[0].id, head.epoch, "{}") is Outcome.OK
+    assert store.complete(s[0].id, head.epoch, "{}").outcome is Outcome.OK
     [nxt] = store.claim(WS, RECEIVER, "b", limit=10)
     assert nxt.task.id == s[1].id
 
@@ -160,12 +160,12 @@ def test_rule3_sessions_are_per_workspace_keyed(store: Store) -> None:
 def test_rule4_success_never_rerun(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "a")
-    assert store.complete(t.id, lease.epoch, '{"r": 1}') is Outcome.OK
+    assert store.complete(t.id, lease.epoch, '{"r": 1}').outcome is Outcome.OK
     expire(store)
     assert store.sweep() == 0
     assert store.claim(WS, RECEIVER, "b") == []
-    assert store.fail(t.id, lease.epoch, "late") is Outcome.LEASE_LOST
-    assert store.renew(t.id, lease.epoch) is Outcome.LEASE_LOST
+    assert store.fail(t.id, lease.epoch, "late").outcome is Outcome.LEASE_LOST
+    assert store.renew(t.id, lease.epoch).outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.SUCCEEDED and cur.result == '{"r": 1}'
     assert cur.lease_expires_at is None and cur.lease_owner is None
@@ -175,17 +175,19 @@ def test_rule4_expired_but_unreclaimed_lease_may_still_complete(store: Store) ->
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "a")
     expire(store, t.id)  # expired, but nobody has taken it over: epoch unchanged
-    assert store.complete(t.id, lease.epoch, "{}") is Outcome.OK
+    assert store.complete(t.id, lease.epoch, "{}").outcome is Outcome.OK
     assert store.sweep() == 0
 
 
 def test_input_required_is_recorded(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "a")
-    assert store.complete(t.id, lease.epoch, '{"q": "?"}', input_required=True) is Outcome.OK
+    assert (
+        store.complete(t.id, lease.epoch, '{"q": "?"}', input_required=True).outcome is Outcome.OK
+    )
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.INPUT_REQUIRED
-    assert store.complete(t.id, lease.epoch, "{}", input_required=True) is Outcome.DUPLICATE
+    assert store.complete(t.id, lease.epoch, "{}", input_required=True).outcome is Outcome.DUPLICATE
 
 
 # -- rule 5: complete is idempotent -----------------------------------------------------------
@@ -194,10 +196,10 @@ def test_input_required_is_recorded(store: Store) -> None:
 def test_rule5_duplicate_completion(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "a")
-    assert store.complete(t.id, lease.epoch, '{"first": 1}') is Outcome.OK
-    assert store.complete(t.id, lease.epoch, '{"first": 1}') is Outcome.DUPLICATE
-    assert store.complete(t.id, lease.epoch, '{"second": 2}') is Outcome.DUPLICATE
-    assert store.complete(t.id, lease.epoch + 1, "{}") is Outcome.LEASE_LOST
+    assert store.complete(t.id, lease.epoch, '{"first": 1}').outcome is Outcome.OK
+    assert store.complete(t.id, lease.epoch, '{"first": 1}').outcome is Outcome.DUPLICATE
+    assert store.complete(t.id, lease.epoch, '{"second": 2}').outcome is Outcome.DUPLICATE
+    assert store.complete(t.id, lease.epoch + 1, "{}").outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
     assert cur is not None and cur.result == '{"first": 1}'  # the first report wins
 
@@ -210,7 +212,7 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
     items.append((leases[0].task.id, leases[0].epoch, "{}"))  # duplicate inside the batch
     items.append((leases[3].task.id, leases[3].epoch + 7, "{}"))  # stale
     items.append(("missing", 1, "{}"))
-    assert store.complete_many(items) == [
+    assert [v.outcome for v in store.complete_many(items)] == [
         Outcome.OK,
         Outcome.OK,
         Outcome.OK,
@@ -218,15 +220,18 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
         Outcome.LEASE_LOST,
         Outcome.NOT_FOUND,
     ]
-    assert store.complete_many([]) == []
+    assert [v.outcome for v in store.complete_many([])] == []
     first = store.get_task(WS, leases[0].task.id)
     assert first is not None and first.result == '{"i": 0}'  # the first report wins
     # a stale item before the right one for the same task does not hide it
     t5, _ = store.enqueue(new_task())
     [l5] = store.claim(WS, RECEIVER, "a")
-    assert store.complete_many(
-        [(t5.id, l5.epoch - 1, '{"stale": 1}'), (t5.id, l5.epoch, '{"ok": 1}')]
-    ) == [Outcome.LEASE_LOST, Outcome.OK]
+    assert [
+        v.outcome
+        for v in store.complete_many(
+            [(t5.id, l5.epoch - 1, '{"stale": 1}'), (t5.id, l5.epoch, '{"ok": 1}')]
+        )
+    ] == [Outcome.LEASE_LOST, Outcome.OK]
     got5 = store.get_task(WS, t5.id)
     assert got5 is not None and got5.result == '{"ok": 1}'
 
@@ -251,12 +256,12 @@ def test_rule6_cancel_leased_revokes_and_holds_session_until_ack(store: Store) -
     [lease] = store.claim(WS, RECEIVER, "a")
     got, outcome = store.cancel(WS, s0.id)
     assert outcome is Outcome.OK and got is not None and got.state is TaskState.CANCELLED
-    assert store.renew(s0.id, lease.epoch) is Outcome.LEASE_LOST  # receiver learns here
-    assert store.progress(s0.id, lease.epoch, "status", "{}") is Outcome.LEASE_LOST
+    assert store.renew(s0.id, lease.epoch).outcome is Outcome.LEASE_LOST  # receiver learns here
+    assert store.progress(s0.id, lease.epoch, "status", "{}").outcome is Outcome.LEASE_LOST
     assert store.claim(WS, RECEIVER, "b") == []  # still stopping: s1 must wait
-    assert store.ack_cancel(s0.id, lease.epoch + 1) is Outcome.LEASE_LOST
-    assert store.ack_cancel(s0.id, lease.epoch) is Outcome.OK
-    assert store.ack_cancel(s0.id, lease.epoch) is Outcome.DUPLICATE
+    assert store.ack_cancel(s0.id, lease.epoch + 1).outcome is Outcome.LEASE_LOST
+    assert store.ack_cancel(s0.id, lease.epoch).outcome is Outcome.OK
+    assert store.ack_cancel(s0.id, lease.epoch).outcome is Outcome.DUPLICATE
     [nxt] = store.claim(WS, RECEIVER, "b")
     assert nxt.task.id == s1.id
     final = store.get_task(WS, s0.id)
@@ -268,7 +273,7 @@ def test_rule6_complete_after_cancel_is_lease_lost_and_frees_slot(store: Store) 
     s1, _ = store.enqueue(new_task(session_key="sess"))
     [lease] = store.claim(WS, RECEIVER, "a")
     store.cancel(WS, s0.id)
-    assert store.complete(s0.id, lease.epoch, "{}") is Outcome.LEASE_LOST
+    assert store.complete(s0.id, lease.epoch, "{}").outcome is Outcome.LEASE_LOST
     [nxt] = store.claim(WS, RECEIVER, "b")
     assert nxt.task.id == s1.id
 
@@ -309,7 +314,7 @@ def test_rule7_lease_expiry_stamped_by_db_clock(store: Store) -> None:
     exp = datetime.fromisoformat(lease.expires_at)
     assert (exp - datetime.fromisoformat(before)).total_seconds() >= 599
     assert (exp - datetime.fromisoformat(after)).total_seconds() <= 600.001
-    assert store.renew(lease.task.id, lease.epoch, lease_seconds=1200) is Outcome.OK
+    assert store.renew(lease.task.id, lease.epoch, lease_seconds=1200).outcome is Outcome.OK
     cur = store.get_task(WS, lease.task.id)
     assert cur is not None and cur.lease_expires_at is not None
     assert cur.lease_expires_at > lease.expires_at
@@ -318,7 +323,7 @@ def test_rule7_lease_expiry_stamped_by_db_clock(store: Store) -> None:
 def test_rule7_renew_extends_past_expiry(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "a", lease_seconds=0.05)
-    assert store.renew(t.id, lease.epoch, lease_seconds=600) is Outcome.OK
+    assert store.renew(t.id, lease.epoch, lease_seconds=600).outcome is Outcome.OK
     wait_db_clock_past(store, lease.expires_at)
     assert store.sweep() == 0  # renewed: not expired
     assert store.claim(WS, RECEIVER, "b") == []

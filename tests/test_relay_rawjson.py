@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode
-from melchior.mellan.relay.receiver_api import backoff, explain_lost
+from melchior.mellan.relay.receiver_api import backoff
 from melchior.mellan.relay.serve import redact
+from melchior.mellan.relay.store._common import lost_reason
 
 json_values = st.recursive(
     st.none()
@@ -73,4 +74,4 @@ def test_database_urls_lose_their_password_in_status_lines() -> None:
 
 
 def test_lease_lost_reasons() -> None:
-    assert explain_lost(None, 1)[0] == "finished"
+    assert lost_reason(None, None, 1)[0] == "finished"

@@ -194,9 +194,9 @@ def test_events_in_order_and_progress_fenced(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     e1 = store.append_event(t.id, "status", '{"state": "submitted"}')
     [lease] = store.claim(WS, RECEIVER, "r1")
-    assert store.progress(t.id, lease.epoch, "artifact", '{"x": 1.0}') is Outcome.OK
-    assert store.progress(t.id, lease.epoch + 1, "artifact", "{}") is Outcome.LEASE_LOST
-    assert store.progress("nope", 1, "artifact", "{}") is Outcome.NOT_FOUND
+    assert store.progress(t.id, lease.epoch, "artifact", '{"x": 1.0}').outcome is Outcome.OK
+    assert store.progress(t.id, lease.epoch + 1, "artifact", "{}").outcome is Outcome.LEASE_LOST
+    assert store.progress("nope", 1, "artifact", "{}").outcome is Outcome.NOT_FOUND
     evs = store.events_after(t.id)
     assert [e.kind for e in evs] == ["status", "artifact"] and evs[1].body == '{"x": 1.0}'
     assert [e.seq for e in store.events_after(t.id, e1.seq)] == [evs[1].seq]

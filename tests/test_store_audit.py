@@ -48,14 +48,14 @@ def test_sqlite_claim_batch_with_its_records_is_one_commit(tmp_path: Path) -> No
 
         one, two, three, four = leases[:4]
         steps = [
-            lambda: s.complete(one.task.id, one.epoch, "{}", actor=ME),
-            lambda: s.complete(one.task.id, one.epoch, "{}", actor=ME),  # duplicate
-            lambda: s.fail(two.task.id, two.epoch, "boom", retryable=False, actor=ME),
-            lambda: s.progress(three.task.id, three.epoch, "status", "{}", actor=ME),
-            lambda: s.complete(three.task.id, three.epoch + 7, "{}", actor=ME),  # stale
+            lambda: s.complete(one.task.id, one.epoch, "{}", actor=ME).outcome,
+            lambda: s.complete(one.task.id, one.epoch, "{}", actor=ME).outcome,  # duplicate
+            lambda: s.fail(two.task.id, two.epoch, "boom", retryable=False, actor=ME).outcome,
+            lambda: s.progress(three.task.id, three.epoch, "status", "{}", actor=ME).outcome,
+            lambda: s.complete(three.task.id, three.epoch + 7, "{}", actor=ME).outcome,  # stale
             lambda: s.cancel(WS, four.task.id, actor="owner:alice", rule="owner"),
-            lambda: s.renew(four.task.id, four.epoch, actor=ME),  # cancelled: lease lost
-            lambda: s.ack_cancel(four.task.id, four.epoch, actor=ME),
+            lambda: s.renew(four.task.id, four.epoch, actor=ME).outcome,  # cancelled: lease lost
+            lambda: s.ack_cancel(four.task.id, four.epoch, actor=ME).outcome,
             lambda: s.cancel(WS, one.task.id, actor="owner:alice", rule="owner"),  # finished
         ]
         for step in steps:
@@ -87,8 +87,8 @@ def test_without_actor_nothing_is_recorded(store: Store) -> None:
     other means, benches)."""
     t, _ = store.enqueue(new_task())
     [lease] = store.claim(WS, RECEIVER, "w")
-    assert store.complete(t.id, lease.epoch, "{}") is Outcome.OK
-    assert store.complete(t.id, lease.epoch + 1, "{}") is Outcome.LEASE_LOST
+    assert store.complete(t.id, lease.epoch, "{}").outcome is Outcome.OK
+    assert store.complete(t.id, lease.epoch + 1, "{}").outcome is Outcome.LEASE_LOST
     assert store.cancel(WS, t.id) == (store.get_task(WS, t.id), Outcome.LEASE_LOST)
     assert store.audit_since(WS) == []
 
@@ -151,7 +151,7 @@ def test_a_failing_audit_write_undoes_the_decision(db_url: str) -> None:
             for lease in leases:
                 cur = s.get_task(WS, lease.task.id)
                 assert cur is not None and cur.state is TaskState.LEASED and cur.result is None
-        assert s.complete(one.task.id, one.epoch, '{"r": 1}', actor=ME) is Outcome.OK
+        assert s.complete(one.task.id, one.epoch, '{"r": 1}', actor=ME).outcome is Outcome.OK
         assert [a for a, _, _ in _actions(s)] == ["task.claim", "task.claim", "task.complete"]
     finally:
         s.close()
@@ -192,15 +192,18 @@ def test_batched_claim_and_complete_many_record_every_item(store: Store) -> None
     for i in range(3):
         store.enqueue(new_task(message_id=f"b{i}"))
     a, b, c = store.claim(WS, RECEIVER, "w", limit=3, actor=ME)
-    out = store.complete_many(
-        [
-            (a.task.id, a.epoch, "{}"),
-            (a.task.id, a.epoch, "{}"),  # the same item twice: duplicate
-            (b.task.id, b.epoch + 5, "{}"),  # stale epoch: lease lost
-            (c.task.id, c.epoch, "{}"),
-        ],
-        actor=ME,
-    )
+    out = [
+        v.outcome
+        for v in store.complete_many(
+            [
+                (a.task.id, a.epoch, "{}"),
+                (a.task.id, a.epoch, "{}"),  # the same item twice: duplicate
+                (b.task.id, b.epoch + 5, "{}"),  # stale epoch: lease lost
+                (c.task.id, c.epoch, "{}"),
+            ],
+            actor=ME,
+        )
+    ]
     assert out == [Outcome.OK, Outcome.DUPLICATE, Outcome.LEASE_LOST, Outcome.OK]
     recs = store.audit_since(WS)
     assert sorted((r.action, r.subject, r.allowed) for r in recs) == sorted(

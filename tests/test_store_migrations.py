@@ -45,7 +45,7 @@ def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureReque
         assert s.granted_capabilities(WS, CALLER, RECEIVER) == {"incident.inspect"}
         assert [x.id for x in s.list_grants(WS)] == [g.id]
         lease = next(x for x in leases if x.task.id == leased.id)
-        assert s.complete(leased.id, lease.epoch, "{}") is Outcome.OK
+        assert s.complete(leased.id, lease.epoch, "{}").outcome is Outcome.OK
         again, created = s.enqueue(new_task(message_id="m"))
         assert not created and again.id == queued.id
         nxt = s.claim(WS, RECEIVER, "r")

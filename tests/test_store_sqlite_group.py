@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from melchior.mellan.relay.store._common import Note
 from melchior.mellan.relay.store.base import Outcome, TaskState
 from melchior.mellan.relay.store.sqlite import SQLiteStore
 from storekit import RECEIVER, WS, new_task, seed
@@ -38,16 +39,16 @@ def test_joined_call_failing_is_undone_alone_and_group_commits_once(tmp_path: Pa
 
     def a() -> None:
         with s._write() as tx:
-            SQLiteStore._audit(tx, WS, "relay", "a", "x", True, "r", "from a")
+            tx.insert_audit([Note(WS, "relay", "a", "x", True, "r", "from a")])
             a_inside.set()
             _until(lambda: s._waiting > 0, "b waits to join")  # b is queued on the mutex
         results["a"] = "ok"
 
     def b() -> None:
-        a_inside.wait()
+        assert a_inside.wait(60), "a never got inside its transaction"
         try:
             with s._write() as tx:
-                SQLiteStore._audit(tx, WS, "relay", "b", "x", True, "r", "from b")
+                tx.insert_audit([Note(WS, "relay", "b", "x", True, "r", "from b")])
                 raise RuntimeError("b fails after writing")
         except RuntimeError as exc:
             results["b"] = exc
@@ -89,8 +90,8 @@ def test_queue_behaves_the_same_either_way(tmp_path: Path, group_commit: bool) -
     s = _store(tmp_path, group_commit)
     t, _ = s.enqueue(new_task())
     [lease] = s.claim(WS, RECEIVER, "r")
-    assert s.complete(t.id, lease.epoch, "{}") is Outcome.OK
-    assert s.complete(t.id, lease.epoch, "{}") is Outcome.DUPLICATE
+    assert s.complete(t.id, lease.epoch, "{}").outcome is Outcome.OK
+    assert s.complete(t.id, lease.epoch, "{}").outcome is Outcome.DUPLICATE
     cur = s.get_task(WS, t.id)
     assert cur is not None and cur.state is TaskState.SUCCEEDED
     s.close()

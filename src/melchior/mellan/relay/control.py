@@ -38,7 +38,6 @@ from melchior.mellan.relay.http import (
     read_object,
     record,
     require_owner,
-    store_unavailable,
     task_view,
 )
 from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
@@ -46,10 +45,12 @@ from melchior.mellan.relay.store.base import (
     Agent,
     AuditRecord,
     Capability,
+    Conflict,
     CredentialKind,
     Grant,
     Outcome,
     Principal,
+    Record,
     Task,
     TaskState,
 )
@@ -216,11 +217,6 @@ def _capabilities(raw: Any) -> list[Capability]:
     return list(out.values())
 
 
-def _duplicate(exc: BaseException) -> bool:
-    names = {k.__name__ for k in type(exc).__mro__}
-    return bool(names & {"IntegrityError", "UniqueViolation", "Conflict"})
-
-
 @endpoint
 async def add_agent(request: Request) -> Response:
     relay, me = await _who(request)
@@ -243,23 +239,17 @@ async def add_agent(request: Request) -> Response:
     )
     if existing is not None:
         raise conflict
-    try:
-        agent = await relay.call(relay.store.add_agent, me.workspace, agent_id, description, caps)
-    except Exception as exc:
-        if _duplicate(exc):
-            raise conflict from None
-        raise
-    await record(
-        relay,
-        me.workspace,
-        actor(me),
-        "agent.add",
-        agent_id,
-        True,
-        "owner",
+    audit = Record(
+        actor(me), "agent.add", "owner",
         f"added agent {agent_id} with {len(caps)} capabilit{'y' if len(caps) == 1 else 'ies'}",
         {"capabilities": [c.id for c in caps]},
-    )
+    )  # fmt: skip
+    try:
+        agent = await relay.call(
+            relay.store.add_agent, me.workspace, agent_id, description, caps, record=audit
+        )
+    except Conflict:
+        raise conflict from None
     return JSON(agent_view(agent), 201)
 
 
@@ -319,14 +309,19 @@ async def enroll(request: Request) -> Response:
     code = CODE_PREFIX + secrets.token_urlsafe(24)
     now = await relay.call(relay.store.now)
     expires_at = _plus_seconds(now, ttl)
-    await relay.call(
-        relay.store.add_enrollment, me.workspace, agent_id, hash_token(code), expires_at
-    )
-    await record(
-        relay, me.workspace, actor(me), "enrollment.add", agent_id, True, "owner",
+    audit = Record(
+        actor(me), "enrollment.add", "owner",
         f"one-time enrollment code for {agent_id}, valid until {expires_at}",
         {"expires_at": expires_at},
     )  # fmt: skip
+    await relay.call(
+        relay.store.add_enrollment,
+        me.workspace,
+        agent_id,
+        hash_token(code),
+        expires_at,
+        record=audit,
+    )
     return JSON(
         {"code": code, "agent": agent_id, "workspace": me.workspace, "expires_at": expires_at},
         201,
@@ -337,46 +332,25 @@ async def enroll(request: Request) -> Response:
 async def join(request: Request) -> Response:
     """Exchange an enrollment code for an agent credential. No auth: the code is the credential.
 
-    Redeeming marks the code used in one statement, so a code works once even when two
-    joins race; the agent token is minted only after that and shown only in this answer.
+    Redeeming the code, issuing the credential and recording it are one transaction, so a
+    code works once even when two joins race, and is never used up without a credential
+    to show for it; the agent token is shown only in this answer.
     """
     relay = _relay(request)
     body = await read_object(request, relay)
     code = field_str(body, "code").strip()
-    redeemed = await relay.call(relay.store.redeem_enrollment, hash_token(code)) if code else None
-    if redeemed is None:
+    token = new_token()
+    joined = (
+        await relay.call(relay.store.join, hash_token(code), hash_token(token)) if code else None
+    )
+    if joined is None:
         raise ApiError(
             401,
             "bad-code",
             "this enrollment code is unknown, expired or already used; ask the workspace "
             "owner for a new one ('mellan enroll AGENT_ID')",
         )
-    workspace, agent_id = redeemed
-    token = new_token()
-    try:
-        credential_id = await relay.call(
-            relay.store.add_credential,
-            workspace,
-            CredentialKind.AGENT,
-            agent_id,
-            hash_token(token),
-        )
-    except Exception as exc:
-        if not store_unavailable(exc):
-            raise
-        # Redeeming and issuing are two store transactions; say exactly what happened.
-        raise ApiError(
-            503,
-            "database-unavailable",
-            "the relay lost its database between accepting the code and issuing the "
-            "credential: the code is used up and no credential exists; ask the owner for a "
-            "new code",
-        ) from exc
-    await record(
-        relay, workspace, f"agent:{agent_id}", "enrollment.redeem", agent_id, True, "code",
-        f"{agent_id} joined with a one-time code; credential {credential_id} issued",
-        {"credential_id": credential_id},
-    )  # fmt: skip
+    workspace, agent_id, credential_id = joined
     return JSON(
         {
             "token": token,
@@ -441,12 +415,14 @@ async def add_grant(request: Request) -> Response:
             400, "unknown-capability", f"{receiver} declares no capability "
             f"{', '.join(repr(c) for c in undeclared)} (it declares: {have})"
         )  # fmt: skip
-    grant = await relay.call(relay.store.add_grant, me.workspace, caller, receiver, caps)
-    await record(
-        relay, me.workspace, actor(me), "grant.add", grant.id, True, "owner",
+    audit = Record(
+        actor(me), "grant.add", "owner",
         f"{caller} may invoke {', '.join(caps)} on {receiver} (this direction only)",
         {"caller": caller, "receiver": receiver, "capabilities": caps},
     )  # fmt: skip
+    grant = await relay.call(
+        relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
+    )
     return JSON(grant_view(grant), 201)
 
 
@@ -476,7 +452,11 @@ async def revoke_grant(request: Request) -> Response:
     relay, me = await _who(request)
     await _owner_only(relay, me, "grant.revoke")
     grant_id = request.path_params["grant_id"]
-    revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id)
+    audit = Record(
+        actor(me), "grant.revoke", "owner",
+        "grant revoked; new tasks on this route are refused from now on",
+    )  # fmt: skip
+    revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id, record=audit)
     if not revoked:
         await record(
             relay, me.workspace, actor(me), "grant.revoke", grant_id, False, "not-found",
@@ -488,10 +468,6 @@ async def revoke_grant(request: Request) -> Response:
             f"no active grant {grant_id!r} in this workspace (already revoked, or a typo; "
             "see 'mellan grant list')",
         )
-    await record(
-        relay, me.workspace, actor(me), "grant.revoke", grant_id, True, "owner",
-        "grant revoked; new tasks on this route are refused from now on",
-    )  # fmt: skip
     return JSON({"outcome": "ok", "id": grant_id, "revoked": True})
 
 
@@ -622,13 +598,15 @@ async def revoke_credential(request: Request) -> Response:
     credential_id = request.path_params["credential_id"]
     if not _is_owner(me) and credential_id != me.credential_id:
         raise _not_found(f"credential {credential_id!r}")
-    revoked = await relay.call(relay.store.revoke_credential, me.workspace, credential_id)
+    audit = Record(
+        actor(me), "credential.revoke", "owner" if _is_owner(me) else "self",
+        "credential revoked; it is refused from now on",
+    )  # fmt: skip
+    revoked = await relay.call(
+        relay.store.revoke_credential, me.workspace, credential_id, record=audit
+    )
     if not revoked:
         raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")
-    await record(
-        relay, me.workspace, actor(me), "credential.revoke", credential_id, True,
-        "owner" if _is_owner(me) else "self", "credential revoked; it is refused from now on",
-    )  # fmt: skip
     return JSON({"outcome": "ok", "id": credential_id, "revoked": True})
 
 

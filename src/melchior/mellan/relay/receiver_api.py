@@ -59,8 +59,7 @@ from melchior.mellan.relay.http import (
     task_view,
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
-from melchior.mellan.relay.store._common import lost_reason
-from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task
+from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, Verdict
 
 MAX_CLAIM = 100
 MAX_WAIT = 60
@@ -135,33 +134,24 @@ async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
     return task
 
 
-def explain_lost(task: Task | None, epoch: int) -> tuple[str, str]:
-    """Why a fenced write with ``epoch`` was refused, as (short reason, sentence); the
-    store words its ``lease.lost`` audit records with the same function."""
-    if task is None:
-        return lost_reason(None, None, epoch)
-    return lost_reason(task.state.value, task.lease_epoch, epoch)
-
-
-async def _fenced(
-    relay: Relay, me: Principal, task_id: str, epoch: int, outcome: Outcome
-) -> Response:
-    """Answer a fenced write (the store has already audited what it came to)."""
-    if outcome is Outcome.LEASE_LOST:
-        task = await relay.call(relay.store.get_task, me.workspace, task_id)
-        reason, sentence = explain_lost(task, epoch)
+def _fenced(relay: Relay, me: Principal, task_id: str, verdict: Verdict) -> Response:
+    """Answer a fenced write as the store decided and audited it (with its reason)."""
+    if verdict.outcome is Outcome.LEASE_LOST:
         return error_response(
-            409, "lease-lost", sentence, {"outcome": outcome.value, "reason": reason}
+            409,
+            "lease-lost",
+            verdict.sentence,
+            {"outcome": verdict.outcome.value, "reason": verdict.reason},
         )
-    if outcome is Outcome.NOT_FOUND:
+    if verdict.outcome is Outcome.NOT_FOUND:
         return error_response(
             404,
             "not-found",
             f"no task {task_id!r} for agent {me.subject!r}",
-            {"outcome": outcome.value},
+            {"outcome": verdict.outcome.value},
         )
     relay.notifier.publish(task_topic(task_id))
-    return JSON({"outcome": outcome.value})
+    return JSON({"outcome": verdict.outcome.value})
 
 
 @endpoint
@@ -175,7 +165,7 @@ async def renew(request: Request) -> Response:
     outcome = await relay.call(
         relay.store.renew, task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)
     )
-    return await _fenced(relay, me, task_id, epoch, outcome)
+    return _fenced(relay, me, task_id, outcome)
 
 
 @endpoint
@@ -194,7 +184,7 @@ async def progress(request: Request) -> Response:
     outcome = await relay.call(
         relay.store.progress, task_id, epoch, kind, encode(event), actor=actor(me)
     )
-    return await _fenced(relay, me, task_id, epoch, outcome)
+    return _fenced(relay, me, task_id, outcome)
 
 
 def _check_result(result: Any) -> dict[str, Any]:
@@ -230,7 +220,7 @@ async def complete(request: Request) -> Response:
         input_required=input_required,
         actor=actor(me),
     )
-    return await _fenced(relay, me, task_id, epoch, outcome)
+    return _fenced(relay, me, task_id, outcome)
 
 
 def backoff(attempt: int) -> float:
@@ -266,8 +256,8 @@ async def fail(request: Request) -> Response:
         backoff_seconds=delay,
         actor=actor(me),
     )
-    response = await _fenced(relay, me, task_id, epoch, outcome)
-    if outcome is Outcome.OK and retryable:
+    response = _fenced(relay, me, task_id, outcome)
+    if outcome.outcome is Outcome.OK and retryable:
         relay.notifier.publish(receiver_topic(me.workspace, me.subject))
     return response
 
@@ -282,7 +272,7 @@ async def cancel_ack(request: Request) -> Response:
     epoch = field_int(body, "epoch", None, 0, 2**62)
     await _own_task(relay, me, task_id)
     outcome = await relay.call(relay.store.ack_cancel, task_id, epoch, actor=actor(me))
-    return await _fenced(relay, me, task_id, epoch, outcome)
+    return _fenced(relay, me, task_id, outcome)
 
 
 def routes() -> list[BaseRoute]:

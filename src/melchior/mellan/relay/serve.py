@@ -36,7 +36,7 @@ from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
-from melchior.mellan.relay.store.base import CredentialKind, Store
+from melchior.mellan.relay.store.base import CredentialKind, Record, Store
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -92,11 +92,13 @@ def bootstrap(
         return False
     token = new_token()
     write_private(token_file, token + "\n")
-    credential_id = store.add_credential(WORKSPACE, CredentialKind.OWNER, OWNER, hash_token(token))
-    store.audit(
-        WORKSPACE, "relay", "credential.add", credential_id, True, "bootstrap",
+    audit = Record(
+        "relay", "credential.add", "bootstrap",
         "owner credential minted at relay start" + (" (first start)" if created else ""),
     )  # fmt: skip
+    credential_id = store.add_credential(
+        WORKSPACE, CredentialKind.OWNER, OWNER, hash_token(token), record=audit
+    )
     prefix = f"created workspace {WORKSPACE!r}; " if created else ""
     say(
         f"{prefix}owner credential {credential_id} written to {token_file} "

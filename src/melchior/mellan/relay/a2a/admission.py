@@ -28,8 +28,8 @@ from melchior.mellan.relay.a2a.errors import (
 from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.store.base import (
-    Acceptance,
     NewTask,
+    Record,
     Store,
     StoreError,
     StoreUnavailable,
@@ -156,8 +156,9 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
         _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
     context_id = context_id or uuid.uuid4().hex
-    accepted = Acceptance(
+    accepted = Record(
         caller.actor,
+        "task.accept",
         decision.rule,
         decision.reason,
         {**detail, "capability": capability, "hop": chain.hop},

@@ -15,16 +15,17 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from melchior.mellan.relay.store.base import (
-    Acceptance,
     Agent,
     AuditRecord,
     Capability,
     Grant,
     NewTask,
     Outcome,
+    Record,
     Task,
     TaskEvent,
     TaskState,
+    Verdict,
 )
 
 
@@ -63,6 +64,10 @@ def parse_dt(text: str) -> datetime:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+def json_list(items: Iterable[str]) -> str:
+    return json.dumps(list(items))
 
 
 def caps_json(capabilities: Iterable[Capability]) -> str:
@@ -171,14 +176,20 @@ class Note:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def accept_note(task: Task, accept: Acceptance | None) -> Note | None:
-    """The ``task.accept`` record of a task just created, if the door gave its decision."""
-    if accept is None:
+def record_note(workspace: str, record: Record | None, created: str) -> Note | None:
+    """The audit record of an allowed change the caller decided; its subject is the
+    record's own, or the id of what the change ``created``."""
+    if record is None:
         return None
     return Note(
-        task.workspace, accept.actor, "task.accept", task.id, True, accept.rule, accept.reason,
-        dict(accept.detail),
+        workspace, record.actor, record.action, record.subject or created, True, record.rule,
+        record.reason, dict(record.detail),
     )  # fmt: skip
+
+
+def accept_note(task: Task, accept: Record | None) -> Note | None:
+    """The ``task.accept`` record of a task just created, if the door gave its decision."""
+    return record_note(task.workspace, accept, task.id)
 
 
 def accept_notes(
@@ -225,36 +236,28 @@ def lost_reason(state: str | None, lease_epoch: int | None, epoch: int) -> tuple
 
 
 @dataclass(frozen=True)
-class Fenced:
+class FencedWrite:
     """A fenced receiver write being made on behalf of ``actor``: enough to audit it."""
 
     actor: str
     action: str  # "task.complete", "task.renew", ...
     detail: dict[str, Any] = field(default_factory=dict)
 
-    def note(
-        self,
-        workspace: str,
-        task_id: str,
-        epoch: int,
-        outcome: Outcome,
-        state: str | None = None,
-        lease_epoch: int | None = None,
-    ) -> Note | None:
-        """The record for ``outcome``, or None when there is nothing to record: an unknown
+    def note(self, workspace: str, task_id: str, epoch: int, verdict: Verdict) -> Note | None:
+        """The record for ``verdict``, or None when there is nothing to record: an unknown
         task, or a renewal that held (too frequent to be a decision worth a line)."""
+        outcome = verdict.outcome
         if outcome is Outcome.NOT_FOUND:
             return None
         if outcome is Outcome.LEASE_LOST:
-            reason, sentence = lost_reason(state, lease_epoch, epoch)
             return Note(
                 workspace,
                 self.actor,
                 "lease.lost",
                 task_id,
                 False,
-                reason,
-                f"{self.action} refused: {sentence}",
+                verdict.reason,
+                f"{self.action} refused: {verdict.sentence}",
                 {"epoch": epoch, "attempted": self.action},
             )
         if self.action == "task.renew":

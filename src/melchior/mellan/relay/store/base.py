@@ -51,7 +51,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # Re-exported: the store's fenced writes answer in this vocabulary.
 from melchior.mellan.outcome import Outcome as Outcome
@@ -152,15 +152,32 @@ class AuditRecord:
 
 
 @dataclass(frozen=True)
-class Acceptance:
-    """The decision that let a task in, to be recorded (``task.accept``) in the very
-    transaction that stores it: a task is never queued without its record, nor recorded
-    without being queued, whatever the database does between the two."""
+class Record:
+    """An allowed decision to record in the audit log *in the very transaction* of the
+    change it allowed: a task is never queued, an agent added or a grant made without its
+    record, nor recorded without having happened, whatever the database does between.
+    ``subject`` None means "the id of what the call creates" (a task, grant, credential)."""
 
     actor: str
+    action: str
     rule: str
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+
+
+class Verdict(NamedTuple):
+    """What a fenced write came to, and for a lost lease, why: ``reason`` is a short word
+    (``cancelled``, ``stale-epoch``, ``expired``, ``finished``) and ``sentence`` says it to
+    a person — the same words the store writes in its ``lease.lost`` audit record."""
+
+    outcome: Outcome
+    reason: str = ""
+    sentence: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.DUPLICATE)
 
 
 @dataclass(frozen=True)
@@ -180,7 +197,7 @@ class NewTask:
     hop: int = 1
     path: tuple[str, ...] = ()
     max_attempts: int = 3
-    accept: Acceptance | None = None  # recorded as task.accept when the task is created
+    accept: Record | None = None  # recorded (task.accept) when the task is created
 
 
 @dataclass(frozen=True)
@@ -264,6 +281,8 @@ class Store(Protocol):
         subject: str,
         token_hash: str,
         expires_at: str | None = None,
+        *,
+        record: Record | None = None,
     ) -> str:
         """Store a credential by its hash only; return its id."""
         ...
@@ -272,11 +291,19 @@ class Store(Protocol):
         """The live (unrevoked, unexpired) credential with this hash, else None."""
         ...
 
-    def revoke_credential(self, workspace: str, credential_id: str) -> bool: ...
+    def revoke_credential(
+        self, workspace: str, credential_id: str, *, record: Record | None = None
+    ) -> bool: ...
 
     # -- agents and enrollment ------------------------------------------------------------------
     def add_agent(
-        self, workspace: str, agent_id: str, description: str, capabilities: Sequence[Capability]
+        self,
+        workspace: str,
+        agent_id: str,
+        description: str,
+        capabilities: Sequence[Capability],
+        *,
+        record: Record | None = None,
     ) -> Agent: ...
 
     def get_agent(self, workspace: str, agent_id: str) -> Agent | None: ...
@@ -284,19 +311,40 @@ class Store(Protocol):
     def list_agents(self, workspace: str) -> list[Agent]: ...
 
     def add_enrollment(
-        self, workspace: str, agent_id: str, code_hash: str, expires_at: str
+        self,
+        workspace: str,
+        agent_id: str,
+        code_hash: str,
+        expires_at: str,
+        *,
+        record: Record | None = None,
     ) -> None: ...
 
     def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
         """Mark a live, unused code used; return (workspace, agent_id) or None. One use only."""
         ...
 
+    def join(
+        self, code_hash: str, token_hash: str, *, reason: str = ""
+    ) -> tuple[str, str, str] | None:
+        """Redeem a code and issue that agent's credential in one transaction (recorded
+        ``enrollment.redeem``): (workspace, agent id, credential id), or None."""
+        ...
+
     # -- grants -----------------------------------------------------------------------------
     def add_grant(
-        self, workspace: str, caller: str, receiver: str, capabilities: Sequence[str]
+        self,
+        workspace: str,
+        caller: str,
+        receiver: str,
+        capabilities: Sequence[str],
+        *,
+        record: Record | None = None,
     ) -> Grant: ...
 
-    def revoke_grant(self, workspace: str, grant_id: str) -> bool: ...
+    def revoke_grant(
+        self, workspace: str, grant_id: str, *, record: Record | None = None
+    ) -> bool: ...
 
     def list_grants(
         self,
@@ -396,14 +444,14 @@ class Store(Protocol):
         *,
         lease_seconds: float = 30.0,
         actor: str | None = None,
-    ) -> Outcome:
+    ) -> Verdict:
         """Extend a live lease. With ``actor`` only a refusal is audited (``lease.lost``):
         renewals are too frequent to be decisions worth a record."""
         ...
 
     def progress(
         self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
-    ) -> Outcome:
+    ) -> Verdict:
         """Record a progress event under a live lease."""
         ...
 
@@ -415,16 +463,16 @@ class Store(Protocol):
         *,
         input_required: bool = False,
         actor: str | None = None,
-    ) -> Outcome: ...
+    ) -> Verdict: ...
 
     def complete_many(
         self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
-    ) -> list[Outcome]:
+    ) -> list[Verdict]:
         """Record several successes ``(task_id, epoch, result)`` in one transaction (one
         commit, one fsync); outcomes in input order, each as ``complete`` would answer."""
         ...
 
-    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Verdict:
         """The receiver has stopped a cancelled task: release its session slot. OK the first
         time, DUPLICATE after, LEASE_LOST for another epoch or a task that was not cancelled
         while leased."""
@@ -439,7 +487,7 @@ class Store(Protocol):
         retryable: bool = True,
         backoff_seconds: float = 1.0,
         actor: str | None = None,
-    ) -> Outcome:
+    ) -> Verdict:
         """Retryable with attempts left → queued again after a backoff; else failed."""
         ...
 

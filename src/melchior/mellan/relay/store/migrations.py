@@ -10,7 +10,7 @@ Invariants the schema itself holds, whatever the SQL above it gets wrong:
 - ``task_session_slot``: at most one task per (workspace, session_key) holds a lease
   or a cancel grace (``lease_expires_at IS NOT NULL``) — rule 3's hard edge;
 - ``task_dedupe``: one task per (workspace, caller, message_id);
-- the audit table refuses UPDATE and DELETE (append-only).
+- the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only.
 """
 
 from __future__ import annotations
@@ -134,6 +134,9 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     ),
     # v2 — a caller lists its own tasks (A2A ListTasks) without scanning the workspace
     ("CREATE INDEX task_caller ON task (workspace, caller, seq)",),
+    # v3 — kept in step with PostgreSQL's v3: SQLite has no TRUNCATE, and its DELETE
+    # (with or without WHERE) is already refused by audit_no_delete
+    ("SELECT 'v3: nothing to change on SQLite'",),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -257,6 +260,11 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
     (
         "CREATE INDEX task_caller ON task (workspace, caller, seq)",
         "ALTER TABLE task SET (fillfactor = 80)",
+    ),
+    # v3 — TRUNCATE, which skips row triggers, is refused too: the log stays append-only
+    (
+        """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+           FOR EACH STATEMENT EXECUTE FUNCTION audit_append_only()""",
     ),
 )
 

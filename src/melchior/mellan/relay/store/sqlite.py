@@ -23,29 +23,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
-from melchior.mellan.relay.store._queries import ReadQueries
 from melchior.mellan.relay.store.base import (
-    Agent,
-    Capability,
-    Conflict,
-    CredentialKind,
-    Grant,
-    Lease,
     NewTask,
-    NotFoundError,
-    Outcome,
     StoreError,
     StoreUnavailable,
-    Task,
-    TaskEvent,
-    TaskState,
 )
+from melchior.mellan.relay.store.queue import QueueStore, Tx
 
+T = TypeVar("T")
 _NOW_MS = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
 # Primary result codes that mean "the database could not do it now", not "bad request".
 _UNAVAILABLE_CODES = {5, 6, 10, 13, 14, 15, 26}  # BUSY LOCKED IOERR FULL CANTOPEN PROTOCOL NOTADB
@@ -53,10 +42,13 @@ _UNAVAILABLE_CODES = {5, 6, 10, 13, 14, 15, 26}  # BUSY LOCKED IOERR FULL CANTOP
 
 @dataclass
 class _Tx:
-    """One open write transaction: its connection, the DB clock, and wake-ups to send."""
+    """One open write transaction: its connection, the DB clock read inside it, the
+    wake-ups to send after COMMIT, and the queue's named statements in SQLite's dialect
+    (see :class:`~melchior.mellan.relay.store.queue.Tx`; the rules are all there)."""
 
     conn: sqlite3.Connection
     now: int
+    grace_ms: int = 0
     topics: list[str] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
@@ -65,6 +57,281 @@ class _Tx:
 
     def all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
         return self.conn.execute(sql, params).fetchall()
+
+    def run(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        return self.conn.execute(sql, params).rowcount
+
+    # -- control plane --------------------------------------------------------------------
+    def workspace_exists(self, workspace: str) -> bool:
+        return self.one("SELECT 1 FROM workspace WHERE name = ?", (workspace,)) is not None
+
+    def insert_workspace(self, workspace: str) -> bool:
+        sql = "INSERT INTO workspace (name, created_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
+        return self.run(sql, (workspace, self.now)) == 1
+
+    def agent_exists(self, workspace: str, agent_id: str) -> bool:
+        sql = "SELECT 1 FROM agent WHERE workspace = ? AND id = ?"
+        return self.one(sql, (workspace, agent_id)) is not None
+
+    def insert_credential(
+        self, cid: str, workspace: str, kind: str, subject: str, token_hash: str,
+        expires_at: str | None,
+    ) -> bool:  # fmt: skip
+        expires = None if expires_at is None else C.parse_ms(expires_at)
+        return (
+            self.run(
+                "INSERT INTO credential (id, workspace, kind, subject, token_hash, created_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (token_hash) DO NOTHING",
+                (cid, workspace, kind, subject, token_hash, self.now, expires),
+            )
+            == 1
+        )
+
+    def revoke_credential(self, workspace: str, credential_id: str) -> bool:
+        return (
+            self.run(
+                "UPDATE credential SET revoked_at = ? WHERE workspace = ? AND id = ?"
+                " AND revoked_at IS NULL",
+                (self.now, workspace, credential_id),
+            )
+            == 1
+        )
+
+    def insert_agent(
+        self, workspace: str, agent_id: str, description: str, capabilities: str
+    ) -> sqlite3.Row | None:
+        return self.one(
+            "INSERT INTO agent (workspace, id, description, capabilities, created_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING *",
+            (workspace, agent_id, description, capabilities, self.now),
+        )
+
+    def insert_enrollment(
+        self, code_hash: str, workspace: str, agent_id: str, expires_at: str
+    ) -> bool:
+        return (
+            self.run(
+                "INSERT INTO enrollment (code_hash, workspace, agent_id, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (code_hash, workspace, agent_id, self.now, C.parse_ms(expires_at)),
+            )
+            == 1
+        )
+
+    def redeem_enrollment(self, code_hash: str) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE enrollment SET used_at = ? WHERE code_hash = ? AND used_at IS NULL"
+            " AND expires_at > ? RETURNING workspace, agent_id",
+            (self.now, code_hash, self.now),
+        )
+
+    def insert_grant(
+        self, gid: str, workspace: str, caller: str, receiver: str, capabilities: str
+    ) -> sqlite3.Row:
+        row = self.one(
+            "INSERT INTO agent_grant (id, workspace, caller, receiver, capabilities,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?) RETURNING *",
+            (gid, workspace, caller, receiver, capabilities, self.now),
+        )
+        assert row is not None
+        return row
+
+    def revoke_grant(self, workspace: str, grant_id: str) -> bool:
+        return (
+            self.run(
+                "UPDATE agent_grant SET revoked_at = ? WHERE workspace = ? AND id = ?"
+                " AND revoked_at IS NULL",
+                (self.now, workspace, grant_id),
+            )
+            == 1
+        )
+
+    def insert_audit(self, notes: Sequence[C.Note]) -> list[int]:
+        """One prepared statement, one row each (a claim of 50 writes 50)."""
+        seqs = []
+        for n in notes:
+            row = self.one(
+                "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule,"
+                " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                (n.workspace, self.now, n.actor, n.action, n.subject, int(n.allowed), n.rule,
+                 n.reason, json.dumps(n.detail)),
+            )  # fmt: skip
+            assert row is not None
+            seqs.append(int(row[0]))
+        return seqs
+
+    # -- tasks --------------------------------------------------------------------------------
+    def insert_tasks(self, tasks: Sequence[NewTask]) -> list[sqlite3.Row | None]:
+        """One prepared INSERT per task; a dedupe hit inserts nothing and answers None."""
+        rows: list[sqlite3.Row | None] = []
+        for t in tasks:
+            values = (
+                C.new_id(), t.workspace, t.caller, t.receiver, t.capability,
+                t.context_id or C.new_id(), t.payload, t.metadata, t.message_id,
+                t.session_key, t.chain, t.hop, json.dumps(list(t.path)), t.max_attempts,
+                self.now, self.now, self.now,
+            )  # fmt: skip
+            rows.append(
+                self.one(
+                    "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
+                    " state, payload, metadata, message_id, session_key, chain, hop, path,"
+                    " max_attempts, run_after, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT DO NOTHING RETURNING *",
+                    values,
+                )
+            )
+        return rows
+
+    def task_by_message(
+        self, workspace: str, caller: str, message_id: str | None
+    ) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT * FROM task WHERE workspace = ? AND caller = ? AND message_id = ?",
+            (workspace, caller, message_id),
+        )
+
+    def task_row(self, task_id: str, workspace: str | None = None) -> sqlite3.Row | None:
+        if workspace is None:
+            return self.one("SELECT * FROM task WHERE id = ?", (task_id,))
+        return self.one("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
+
+    def lock_task(self, task_id: str, workspace: str | None = None) -> sqlite3.Row | None:
+        """Every write transaction holds SQLite's one write lock: a read is already locked."""
+        return self.task_row(task_id, workspace)
+
+    def cancel_task(self, workspace: str, task_id: str, grace_ms: int) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE task SET state = 'cancelled', updated_at = :now, finished_at = :now,"
+            " lease_expires_at = CASE WHEN state = 'leased'"
+            "   THEN MIN(lease_expires_at, :now + :grace) END,"
+            " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
+            " WHERE workspace = :ws AND id = :id"
+            "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
+            {"now": self.now, "grace": grace_ms, "ws": workspace, "id": task_id},
+        )
+
+    def insert_event(self, task_id: str, kind: str, body: str) -> sqlite3.Row:
+        row = self.one(
+            "INSERT INTO task_event (task_id, at, kind, body) VALUES (?, ?, ?, ?) RETURNING *",
+            (task_id, self.now, kind, body),
+        )
+        assert row is not None
+        return row
+
+    def settle_expired(self, workspace: str | None, receiver: str | None) -> list[sqlite3.Row]:
+        where = "lease_expires_at IS NOT NULL AND lease_expires_at <= :now"
+        params: dict[str, Any] = {"now": self.now}
+        if workspace is not None:
+            where += " AND workspace = :ws AND receiver = :rcv"
+            params |= {"ws": workspace, "rcv": receiver}
+        return self.all(
+            "UPDATE task SET"
+            " state = CASE WHEN state <> 'leased' THEN state"
+            "   WHEN attempt >= max_attempts THEN 'failed' ELSE 'queued' END,"
+            " lease_epoch = CASE WHEN state = 'leased' THEN lease_epoch + 1 ELSE lease_epoch END,"
+            " error = CASE WHEN state = 'leased' THEN 'lease expired' ELSE error END,"
+            " finished_at = CASE WHEN state = 'leased' AND attempt >= max_attempts"
+            "   THEN :now ELSE finished_at END,"
+            " run_after = CASE WHEN state = 'leased' THEN :now ELSE run_after END,"
+            " lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
+            f" WHERE seq IN (SELECT seq FROM task WHERE {where} LIMIT 500)"
+            " RETURNING id, workspace, receiver, state, attempt, max_attempts, lease_epoch",
+            params,
+        )
+
+    def claim(
+        self, workspace: str, receiver: str, owner: str, limit: int, ttl_ms: int
+    ) -> list[sqlite3.Row]:
+        return self.all(
+            "UPDATE task SET state = 'leased', attempt = attempt + 1,"
+            " lease_epoch = lease_epoch + 1, lease_owner = :owner, leased_at = :now,"
+            " lease_expires_at = :now + :ttl, updated_at = :now"
+            " WHERE seq IN (SELECT t.seq FROM task t"
+            "   WHERE t.workspace = :ws AND t.receiver = :rcv AND t.state = 'queued'"
+            "     AND t.run_after <= :now"
+            "     AND (t.session_key IS NULL OR ("
+            "       NOT EXISTS (SELECT 1 FROM task o WHERE o.workspace = t.workspace"
+            "         AND o.session_key = t.session_key AND o.state IN ('queued', 'leased')"
+            "         AND o.seq < t.seq)"
+            "       AND NOT EXISTS (SELECT 1 FROM task h WHERE h.workspace = t.workspace"
+            "         AND h.session_key = t.session_key AND h.lease_expires_at IS NOT NULL)))"
+            "   ORDER BY t.seq LIMIT :n)"
+            " RETURNING *",
+            {"owner": owner, "now": self.now, "ttl": ttl_ms, "ws": workspace, "rcv": receiver,
+             "n": limit},
+        )  # fmt: skip
+
+    def renew(self, task_id: str, epoch: int, ttl_ms: int) -> bool:
+        return (
+            self.run(
+                "UPDATE task SET lease_expires_at = :now + :ttl"
+                " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'",
+                {"now": self.now, "ttl": ttl_ms, "id": task_id, "ep": epoch},
+            )
+            == 1
+        )
+
+    def live_lease(self, task_id: str, epoch: int) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT workspace FROM task WHERE id = ? AND lease_epoch = ? AND state = 'leased'",
+            (task_id, epoch),
+        )
+
+    def complete(self, items: Sequence[tuple[str, int, str]], state: str) -> dict[int, sqlite3.Row]:
+        """One prepared UPDATE per item, in order: the first whose epoch holds wins."""
+        winners: dict[int, sqlite3.Row] = {}
+        for k, (task_id, epoch, result) in enumerate(items):
+            row = self.one(
+                "UPDATE task SET state = :st, result = :res, lease_owner = NULL,"
+                " lease_expires_at = NULL, finished_at = :now, updated_at = :now"
+                " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
+                " RETURNING workspace, receiver, session_key",
+                {"st": state, "res": result, "now": self.now, "id": task_id, "ep": epoch},
+            )
+            if row is not None:
+                winners[k] = row
+        return winners
+
+    def fail(
+        self, task_id: str, epoch: int, error: str, retry: bool, backoff_ms: int
+    ) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE task SET"
+            " state = CASE WHEN :retry AND attempt < max_attempts THEN 'queued'"
+            "   ELSE 'failed' END,"
+            " finished_at = CASE WHEN :retry AND attempt < max_attempts THEN NULL"
+            "   ELSE :now END,"
+            " run_after = :now + :backoff, error = :err, lease_owner = NULL,"
+            " lease_expires_at = NULL, updated_at = :now"
+            " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
+            " RETURNING workspace, receiver",
+            {"retry": int(retry), "now": self.now, "backoff": backoff_ms, "err": error,
+             "id": task_id, "ep": epoch},
+        )  # fmt: skip
+
+    def ack_cancel(self, task_id: str, epoch: int) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = ?"
+            " WHERE id = ? AND lease_epoch = ? AND state = 'cancelled'"
+            " AND lease_expires_at IS NOT NULL RETURNING workspace, receiver",
+            (self.now, task_id, epoch),
+        )
+
+    def release_cancelled(self, task_id: str) -> None:
+        self.run(
+            "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = ?"
+            " WHERE id = ?",
+            (self.now, task_id),
+        )
+
+    def expire_leases(self, task_ids: Sequence[str] | None) -> int:
+        sql = "UPDATE task SET lease_expires_at = ? WHERE lease_expires_at IS NOT NULL"
+        params: list[Any] = [self.now - 1]
+        if task_ids is not None:
+            sql += f" AND id IN ({','.join('?' * len(task_ids))})"
+            params += list(task_ids)
+        return self.run(sql, params)
 
 
 _GROUP_MAX = 64  # calls per group commit at most, so one group cannot grow forever
@@ -88,7 +355,7 @@ def _unavailable(exc: sqlite3.Error) -> bool:
     return (int(code) & 0xFF) in _UNAVAILABLE_CODES
 
 
-class SQLiteStore(ReadQueries):
+class SQLiteStore(QueueStore):
     """:class:`~melchior.mellan.relay.store.base.Store` on a SQLite file."""
 
     P = "?"  # the placeholder for the shared reads in ReadQueries
@@ -343,609 +610,8 @@ class SQLiteStore(ReadQueries):
     def set_publisher(self, publish: Callable[[str], None] | None) -> None:
         self._publish = publish
 
-    # -- workspaces and credentials -----------------------------------------------------------
-    def ensure_workspace(self, workspace: str) -> bool:
+    # -- the one hook the queue needs ---------------------------------------------------------
+    def _transact(self, fn: Callable[[Tx], T]) -> T:
         with self._write() as tx:
-            cur = tx.conn.execute(
-                "INSERT INTO workspace (name, created_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                (workspace, tx.now),
-            )
-            return cur.rowcount == 1
-
-    def _need_workspace(self, tx: _Tx, workspace: str) -> None:
-        if tx.one("SELECT 1 FROM workspace WHERE name = ?", (workspace,)) is None:
-            raise NotFoundError(f"unknown workspace {workspace!r}")
-
-    def add_credential(
-        self,
-        workspace: str,
-        kind: CredentialKind,
-        subject: str,
-        token_hash: str,
-        expires_at: str | None = None,
-    ) -> str:
-        cid = C.new_id()
-        with self._write() as tx:
-            self._need_workspace(tx, workspace)
-            try:
-                tx.conn.execute(
-                    "INSERT INTO credential (id, workspace, kind, subject, token_hash,"
-                    " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        cid,
-                        workspace,
-                        CredentialKind(kind).value,
-                        subject,
-                        token_hash,
-                        tx.now,
-                        None if expires_at is None else C.parse_ms(expires_at),
-                    ),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise Conflict("credential hash already stored") from exc
-        return cid
-
-    def revoke_credential(self, workspace: str, credential_id: str) -> bool:
-        with self._write() as tx:
-            cur = tx.conn.execute(
-                "UPDATE credential SET revoked_at = ? WHERE workspace = ? AND id = ?"
-                " AND revoked_at IS NULL",
-                (tx.now, workspace, credential_id),
-            )
-            return cur.rowcount == 1
-
-    # -- agents and enrollment ----------------------------------------------------------------
-    def add_agent(
-        self, workspace: str, agent_id: str, description: str, capabilities: Sequence[Capability]
-    ) -> Agent:
-        with self._write() as tx:
-            self._need_workspace(tx, workspace)
-            try:
-                tx.conn.execute(
-                    "INSERT INTO agent (workspace, id, description, capabilities, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (workspace, agent_id, description, C.caps_json(capabilities), tx.now),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise Conflict(f"agent {agent_id!r} already exists") from exc
-            return Agent(workspace, agent_id, description, tuple(capabilities), C.iso(tx.now))
-
-    def add_enrollment(
-        self, workspace: str, agent_id: str, code_hash: str, expires_at: str
-    ) -> None:
-        with self._write() as tx:
-            if (
-                tx.one("SELECT 1 FROM agent WHERE workspace=? AND id=?", (workspace, agent_id))
-                is None
-            ):
-                raise NotFoundError(f"unknown agent {agent_id!r}")
-            try:
-                tx.conn.execute(
-                    "INSERT INTO enrollment (code_hash, workspace, agent_id, created_at,"
-                    " expires_at) VALUES (?, ?, ?, ?, ?)",
-                    (code_hash, workspace, agent_id, tx.now, C.parse_ms(expires_at)),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise Conflict("enrollment code already stored") from exc
-
-    def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
-        with self._write() as tx:
-            row = tx.one(
-                "UPDATE enrollment SET used_at = ? WHERE code_hash = ? AND used_at IS NULL"
-                " AND expires_at > ? RETURNING workspace, agent_id",
-                (tx.now, code_hash, tx.now),
-            )
-            return None if row is None else (row["workspace"], row["agent_id"])
-
-    # -- grants -------------------------------------------------------------------------------
-    def add_grant(
-        self, workspace: str, caller: str, receiver: str, capabilities: Sequence[str]
-    ) -> Grant:
-        gid = C.new_id()
-        caps = tuple(dict.fromkeys(capabilities))
-        with self._write() as tx:
-            for agent in (caller, receiver):
-                if (
-                    tx.one("SELECT 1 FROM agent WHERE workspace=? AND id=?", (workspace, agent))
-                    is None
-                ):
-                    raise NotFoundError(f"unknown agent {agent!r}")
-            tx.conn.execute(
-                "INSERT INTO agent_grant (id, workspace, caller, receiver, capabilities,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (gid, workspace, caller, receiver, json.dumps(list(caps)), tx.now),
-            )
-            return Grant(gid, workspace, caller, receiver, caps, C.iso(tx.now))
-
-    def revoke_grant(self, workspace: str, grant_id: str) -> bool:
-        with self._write() as tx:
-            cur = tx.conn.execute(
-                "UPDATE agent_grant SET revoked_at = ? WHERE workspace = ? AND id = ?"
-                " AND revoked_at IS NULL",
-                (tx.now, workspace, grant_id),
-            )
-            return cur.rowcount == 1
-
-    # -- audit --------------------------------------------------------------------------------
-    def audit(
-        self,
-        workspace: str,
-        actor: str,
-        action: str,
-        subject: str,
-        allowed: bool,
-        rule: str,
-        reason: str,
-        detail: dict[str, Any] | None = None,
-    ) -> int:
-        with self._write() as tx:
-            tx.topics.append(audit_topic(workspace))
-            return self._audit(tx, workspace, actor, action, subject, allowed, rule, reason, detail)
-
-    @staticmethod
-    def _audit(
-        tx: _Tx,
-        workspace: str,
-        actor: str,
-        action: str,
-        subject: str,
-        allowed: bool,
-        rule: str,
-        reason: str,
-        detail: dict[str, Any] | None = None,
-    ) -> int:
-        cur = tx.conn.execute(
-            "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule, reason,"
-            " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                workspace,
-                tx.now,
-                actor,
-                action,
-                subject,
-                int(allowed),
-                rule,
-                reason,
-                json.dumps(detail or {}),
-            ),
-        )
-        return int(cur.lastrowid or 0)
-
-    def _note(self, tx: _Tx, note: C.Note | None) -> None:
-        """Write ``note`` in the open transaction: it commits with the change it records."""
-        self._notes(tx, [note])
-
-    @staticmethod
-    def _notes(tx: _Tx, notes: Sequence[C.Note | None]) -> None:
-        """Write several records with one prepared statement (a claim of 50 writes 50)."""
-        rows = [
-            (n.workspace, tx.now, n.actor, n.action, n.subject, int(n.allowed), n.rule,
-             n.reason, json.dumps(n.detail))
-            for n in notes
-            if n is not None
-        ]  # fmt: skip
-        if not rows:
-            return
-        tx.conn.executemany(
-            "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule, reason,"
-            " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-        tx.topics += [audit_topic(w) for w in dict.fromkeys(r[0] for r in rows)]
-
-    # -- tasks: caller side -------------------------------------------------------------------
-    def enqueue(self, task: NewTask) -> tuple[Task, bool]:
-        return self.enqueue_many([task])[0]
-
-    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
-        if any(t.max_attempts < 1 for t in tasks):
-            raise ValueError("max_attempts must be at least 1")
-        if not tasks:
-            return []
-        with self._write() as tx:
-            out = [self._enqueue(tx, t) for t in tasks]
-            self._notes(
-                tx,
-                [C.accept_note(t, n.accept) for n, (t, new) in zip(tasks, out, strict=True) if new],
-            )
-            return out
-
-    def _enqueue(self, tx: _Tx, task: NewTask) -> tuple[Task, bool]:
-        row = tx.one(
-            "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
-            " state, payload, metadata, message_id, session_key, chain, hop, path,"
-            " max_attempts, run_after, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING RETURNING *",
-            (
-                C.new_id(),
-                task.workspace,
-                task.caller,
-                task.receiver,
-                task.capability,
-                task.context_id or C.new_id(),
-                task.payload,
-                task.metadata,
-                task.message_id,
-                task.session_key,
-                task.chain,
-                task.hop,
-                json.dumps(list(task.path)),
-                task.max_attempts,
-                tx.now,
-                tx.now,
-                tx.now,
-            ),
-        )
-        if row is not None:
-            tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(row["id"])]
-            return C.task_from_row(row), True
-        existing = tx.one(
-            "SELECT * FROM task WHERE workspace = ? AND caller = ? AND message_id = ?",
-            (task.workspace, task.caller, task.message_id),
-        )
-        if existing is None:  # only a dedupe hit can suppress the insert
-            raise StoreError("enqueue: insert suppressed without a duplicate")
-        return C.task_from_row(existing), False
-
-    def cancel(
-        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
-    ) -> tuple[Task | None, Outcome]:
-        with self._write() as tx:
-            if actor is None:
-                return self._cancel(tx, workspace, task_id)
-            before = tx.one(
-                "SELECT state FROM task WHERE workspace = ? AND id = ?", (workspace, task_id)
-            )  # under the write lock: the state the cancel below acts on
-            task, outcome = self._cancel(tx, workspace, task_id)
-            if task is not None and before is not None:
-                self._note(tx, C.cancel_note(actor, rule, before["state"], task, outcome))
-            return task, outcome
-
-    def _cancel(self, tx: _Tx, workspace: str, task_id: str) -> tuple[Task | None, Outcome]:
-        row = tx.one(
-            "UPDATE task SET state = 'cancelled', updated_at = :now, finished_at = :now,"
-            " lease_expires_at = CASE WHEN state = 'leased'"
-            "   THEN MIN(lease_expires_at, :now + :grace) END,"
-            " lease_owner = CASE WHEN state = 'leased' THEN lease_owner END"
-            " WHERE workspace = :ws AND id = :id"
-            "   AND state IN ('queued', 'leased', 'input_required') RETURNING *",
-            {"now": tx.now, "grace": self.cancel_grace_ms, "ws": workspace, "id": task_id},
-        )
-        if row is not None:
-            tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
-            return C.task_from_row(row), Outcome.OK
-        row = tx.one("SELECT * FROM task WHERE workspace = ? AND id = ?", (workspace, task_id))
-        if row is None:
-            return None, Outcome.NOT_FOUND
-        task = C.task_from_row(row)
-        dup = task.state is TaskState.CANCELLED
-        return task, Outcome.DUPLICATE if dup else Outcome.LEASE_LOST
-
-    def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
-        with self._write() as tx:
-            if tx.one("SELECT 1 FROM task WHERE id = ?", (task_id,)) is None:
-                raise NotFoundError(f"unknown task {task_id!r}")
-            return self._event(tx, task_id, kind, body)
-
-    @staticmethod
-    def _event(tx: _Tx, task_id: str, kind: str, body: str) -> TaskEvent:
-        row = tx.one(
-            "INSERT INTO task_event (task_id, at, kind, body) VALUES (?, ?, ?, ?) RETURNING *",
-            (task_id, tx.now, kind, body),
-        )
-        assert row is not None
-        tx.topics.append(task_topic(task_id))
-        return C.event_from_row(row)
-
-    # -- tasks: receiver side -----------------------------------------------------------------
-    def _settle_expired(self, tx: _Tx, workspace: str | None, receiver: str | None) -> int:
-        """Expired holds: leased → queued (epoch bumped) or failed when attempts are spent;
-        cancelled-in-grace → slot released. Lease losses are audited here, because only the
-        store sees them happen."""
-        where = "lease_expires_at IS NOT NULL AND lease_expires_at <= :now"
-        params: dict[str, Any] = {"now": tx.now}
-        if workspace is not None:
-            where += " AND workspace = :ws AND receiver = :rcv"
-            params |= {"ws": workspace, "rcv": receiver}
-        rows = tx.all(
-            "UPDATE task SET"
-            " state = CASE WHEN state <> 'leased' THEN state"
-            "   WHEN attempt >= max_attempts THEN 'failed' ELSE 'queued' END,"
-            " lease_epoch = CASE WHEN state = 'leased' THEN lease_epoch + 1 ELSE lease_epoch END,"
-            " error = CASE WHEN state = 'leased' THEN 'lease expired' ELSE error END,"
-            " finished_at = CASE WHEN state = 'leased' AND attempt >= max_attempts"
-            "   THEN :now ELSE finished_at END,"
-            " run_after = CASE WHEN state = 'leased' THEN :now ELSE run_after END,"
-            " lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
-            f" WHERE seq IN (SELECT seq FROM task WHERE {where} LIMIT 500)"
-            " RETURNING id, workspace, receiver, state, attempt, max_attempts, lease_epoch",
-            params,
-        )
-        for r in rows:
-            tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
-        self._notes(
-            tx,
-            [
-                C.expiry_note(r["workspace"], r["id"], r["state"], r["attempt"], r["max_attempts"])
-                for r in rows
-            ],
-        )
-        return len(rows)
-
-    def claim(
-        self,
-        workspace: str,
-        receiver: str,
-        owner: str,
-        *,
-        limit: int = 1,
-        lease_seconds: float = 30.0,
-        actor: str | None = None,
-    ) -> list[Lease]:
-        if limit < 1:
-            return []
-        with self._write() as tx:
-            self._settle_expired(tx, workspace, receiver)
-            rows = tx.all(
-                "UPDATE task SET state = 'leased', attempt = attempt + 1,"
-                " lease_epoch = lease_epoch + 1, lease_owner = :owner, leased_at = :now,"
-                " lease_expires_at = :now + :ttl, updated_at = :now"
-                " WHERE seq IN (SELECT t.seq FROM task t"
-                "   WHERE t.workspace = :ws AND t.receiver = :rcv AND t.state = 'queued'"
-                "     AND t.run_after <= :now"
-                "     AND (t.session_key IS NULL OR ("
-                "       NOT EXISTS (SELECT 1 FROM task o WHERE o.workspace = t.workspace"
-                "         AND o.session_key = t.session_key AND o.state IN ('queued', 'leased')"
-                "         AND o.seq < t.seq)"
-                "       AND NOT EXISTS (SELECT 1 FROM task h WHERE h.workspace = t.workspace"
-                "         AND h.session_key = t.session_key AND h.lease_expires_at IS NOT NULL)))"
-                "   ORDER BY t.seq LIMIT :n)"
-                " RETURNING *",
-                {
-                    "owner": owner,
-                    "now": tx.now,
-                    "ttl": round(lease_seconds * 1000),
-                    "ws": workspace,
-                    "rcv": receiver,
-                    "n": limit,
-                },
-            )
-            rows.sort(key=lambda r: r["seq"])
-            leases = []
-            for r in rows:
-                task = C.task_from_row(r)
-                tx.topics.append(task_topic(task.id))
-                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
-            if actor is not None:
-                self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
-            return leases
-
-    def _why_not(
-        self,
-        tx: _Tx,
-        task_id: str,
-        epoch: int,
-        done: tuple[str, ...],
-        fence: C.Fenced | None = None,
-    ) -> Outcome:
-        """A fenced write matched nothing: say why (and audit it for ``fence``), and let a
-        cancelled task's receiver free its session slot with any write that carries the
-        right epoch."""
-        row = tx.one("SELECT * FROM task WHERE id = ?", (task_id,))
-        outcome = self._refusal(tx, row, epoch, done)
-        if fence is not None and row is not None:
-            note = fence.note(
-                row["workspace"], task_id, epoch, outcome, row["state"], row["lease_epoch"]
-            )
-            self._note(tx, note)
-        return outcome
-
-    def _refusal(
-        self, tx: _Tx, row: sqlite3.Row | None, epoch: int, done: tuple[str, ...]
-    ) -> Outcome:
-        """The outcome of a fenced write that matched no live lease, given the task's row."""
-        if row is None:
-            return Outcome.NOT_FOUND
-        task_id = row["id"]
-        if row["lease_epoch"] != epoch:
-            return Outcome.LEASE_LOST
-        if row["state"] in done:
-            return Outcome.DUPLICATE
-        if row["state"] == "cancelled" and row["lease_expires_at"] is not None:
-            tx.conn.execute(
-                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = ?"
-                " WHERE id = ?",
-                (tx.now, task_id),
-            )
-            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
-        return Outcome.LEASE_LOST
-
-    def renew(
-        self,
-        task_id: str,
-        epoch: int,
-        *,
-        lease_seconds: float = 30.0,
-        actor: str | None = None,
-    ) -> Outcome:
-        with self._write() as tx:
-            row = tx.one(
-                "UPDATE task SET lease_expires_at = :now + :ttl"
-                " WHERE id = :id AND lease_epoch = :ep AND state = 'leased' RETURNING seq",
-                {"now": tx.now, "ttl": round(lease_seconds * 1000), "id": task_id, "ep": epoch},
-            )
-            if row is not None:
-                return Outcome.OK
-            return self._not_live(tx, task_id, epoch, actor, "task.renew")
-
-    def _not_live(
-        self, tx: _Tx, task_id: str, epoch: int, actor: str | None, action: str
-    ) -> Outcome:
-        """A renew/progress found no live lease: NOT_FOUND or LEASE_LOST, audited for
-        ``actor``. Unlike :meth:`_why_not` it releases no cancelled slot: these writes
-        do not say the receiver has stopped."""
-        found = tx.one("SELECT workspace, state, lease_epoch FROM task WHERE id = ?", (task_id,))
-        if found is None:
-            return Outcome.NOT_FOUND
-        if actor is not None:
-            fence = C.Fenced(actor, action)
-            note = fence.note(
-                found["workspace"], task_id, epoch, Outcome.LEASE_LOST, found["state"],
-                found["lease_epoch"],
-            )  # fmt: skip
-            self._note(tx, note)
-        return Outcome.LEASE_LOST
-
-    def progress(
-        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
-    ) -> Outcome:
-        with self._write() as tx:
-            live = tx.one(
-                "SELECT workspace FROM task WHERE id = ? AND lease_epoch = ? AND state = 'leased'",
-                (task_id, epoch),
-            )
-            if live is None:
-                return self._not_live(tx, task_id, epoch, actor, "task.progress")
-            self._event(tx, task_id, kind, body)
-            if actor is not None:
-                fence = C.Fenced(actor, "task.progress", {"kind": kind})
-                self._note(tx, fence.note(live["workspace"], task_id, epoch, Outcome.OK))
-            return Outcome.OK
-
-    def _complete(
-        self,
-        tx: _Tx,
-        task_id: str,
-        epoch: int,
-        result: str,
-        state: str,
-        actor: str | None = None,
-        pending: list[C.Note] | None = None,
-    ) -> Outcome:
-        """Record one success; with ``pending`` its audit record is appended there for the
-        caller to write with the rest of a batch, else it is written now."""
-        action = "task.input_required" if state == "input_required" else "task.complete"
-        fence = None if actor is None else C.Fenced(actor, action)
-        row = tx.one(
-            "UPDATE task SET state = :st, result = :res, lease_owner = NULL,"
-            " lease_expires_at = NULL, finished_at = :now, updated_at = :now"
-            " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-            " RETURNING workspace, receiver, session_key",
-            {"st": state, "res": result, "now": tx.now, "id": task_id, "ep": epoch},
-        )
-        if row is None:
-            return self._why_not(tx, task_id, epoch, ("succeeded", "input_required"), fence)
-        note = None if fence is None else fence.note(row["workspace"], task_id, epoch, Outcome.OK)
-        if pending is not None and note is not None:
-            pending.append(note)
-        else:
-            self._note(tx, note)
-        tx.topics.append(task_topic(task_id))
-        if row["session_key"] is not None:  # the session's next task may be claimable now
-            tx.topics.append(receiver_topic(row["workspace"], row["receiver"]))
-        return Outcome.OK
-
-    def complete(
-        self,
-        task_id: str,
-        epoch: int,
-        result: str,
-        *,
-        input_required: bool = False,
-        actor: str | None = None,
-    ) -> Outcome:
-        state = "input_required" if input_required else "succeeded"
-        with self._write() as tx:
-            return self._complete(tx, task_id, epoch, result, state, actor)
-
-    def complete_many(
-        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
-    ) -> list[Outcome]:
-        if not items:
-            return []
-        with self._write() as tx:
-            notes: list[C.Note] = []
-            out = [
-                self._complete(tx, tid, ep, res, "succeeded", actor, notes)
-                for tid, ep, res in items
-            ]
-            self._notes(tx, notes)
-            return out
-
-    def fail(
-        self,
-        task_id: str,
-        epoch: int,
-        error: str,
-        *,
-        retryable: bool = True,
-        backoff_seconds: float = 1.0,
-        actor: str | None = None,
-    ) -> Outcome:
-        fence = (
-            None
-            if actor is None
-            else C.Fenced(actor, "task.fail", {"error": error, "retryable": retryable})
-        )
-        with self._write() as tx:
-            row = tx.one(
-                "UPDATE task SET"
-                " state = CASE WHEN :retry AND attempt < max_attempts THEN 'queued'"
-                "   ELSE 'failed' END,"
-                " finished_at = CASE WHEN :retry AND attempt < max_attempts THEN NULL"
-                "   ELSE :now END,"
-                " run_after = :now + :backoff, error = :err, lease_owner = NULL,"
-                " lease_expires_at = NULL, updated_at = :now"
-                " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-                " RETURNING workspace, receiver",
-                {
-                    "retry": int(retryable),
-                    "now": tx.now,
-                    "backoff": max(0, round(backoff_seconds * 1000)),
-                    "err": error,
-                    "id": task_id,
-                    "ep": epoch,
-                },
-            )
-            if row is None:
-                return self._why_not(tx, task_id, epoch, ("queued", "failed"), fence)
-            if fence is not None:
-                self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
-            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
-            return Outcome.OK
-
-    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Outcome:
-        fence = None if actor is None else C.Fenced(actor, "task.cancel_ack")
-        with self._write() as tx:
-            row = tx.one(
-                "UPDATE task SET lease_expires_at = NULL, lease_owner = NULL, updated_at = ?"
-                " WHERE id = ? AND lease_epoch = ? AND state = 'cancelled'"
-                " AND lease_expires_at IS NOT NULL RETURNING workspace, receiver",
-                (tx.now, task_id, epoch),
-            )
-            if row is not None:
-                tx.topics += [
-                    receiver_topic(row["workspace"], row["receiver"]),
-                    task_topic(task_id),
-                ]
-                if fence is not None:
-                    self._note(tx, fence.note(row["workspace"], task_id, epoch, Outcome.OK))
-                return Outcome.OK
-            return self._why_not(tx, task_id, epoch, ("cancelled",), fence)
-
-    def sweep(self) -> int:
-        with self._write() as tx:
-            return self._settle_expired(tx, None, None)
-
-    # -- test hooks ---------------------------------------------------------------------------
-    def expire_leases(self, task_ids: Sequence[str] | None = None) -> int:
-        """Make leases (all, or these) expire now, without waiting out a TTL. For tests and
-        drills; the next claim or sweep settles them exactly as a real expiry."""
-        with self._write() as tx:
-            sql = "UPDATE task SET lease_expires_at = ? WHERE lease_expires_at IS NOT NULL"
-            params: list[Any] = [tx.now - 1]
-            if task_ids is not None:
-                sql += f" AND id IN ({','.join('?' * len(task_ids))})"
-                params += list(task_ids)
-            return tx.conn.execute(sql, params).rowcount
+            tx.grace_ms = self.cancel_grace_ms
+            return fn(tx)

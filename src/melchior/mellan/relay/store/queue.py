@@ -1,0 +1,594 @@
+"""The relay's queue and control plane, written once, above two SQL dialects.
+
+River's split: the rules live here, in Python, once; each backend (:mod:`.sqlite`,
+:mod:`.postgres`) gives a :class:`Tx` of *named statements* — one SQL statement (or one
+batch) each, in its own dialect — and its own transactions, connection handling and
+wake-up delivery, and nothing else. So a rule is changed in one place and the
+conformance suite over both backends (``tests/storekit.py``, the model test) proves
+both still keep it.
+
+What lives here, and nowhere else:
+
+- **Fencing outcomes.** What a fenced write that matched no live lease comes to
+  (``NOT_FOUND``, ``DUPLICATE`` for the same epoch's repeat, ``LEASE_LOST`` otherwise),
+  why (:func:`._common.lost_reason`), and that any write carrying a cancelled task's
+  epoch releases its session slot.
+- **Audit records** of queue and control-plane decisions, written in the transaction of
+  the change they record (:class:`._common.Note`).
+- **Which wake-ups to publish** after the commit: ``receiver_topic`` when work may have
+  become claimable, ``task_topic`` on every task change, ``audit_topic`` when the log grew.
+- **Validation** the SQL cannot express (a grant names two agents of the workspace, …).
+
+Statements that need the database clock (lease expiries, ``run_after``) read it in the
+dialect: SQLite inside the write transaction, PostgreSQL with ``statement_timestamp()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
+from melchior.mellan.relay.store import _common as C
+from melchior.mellan.relay.store._queries import ReadQueries
+from melchior.mellan.relay.store.base import (
+    Agent,
+    Capability,
+    Conflict,
+    CredentialKind,
+    Grant,
+    Lease,
+    NewTask,
+    NotFoundError,
+    Outcome,
+    Record,
+    StoreError,
+    Task,
+    TaskEvent,
+    TaskState,
+    Verdict,
+)
+
+T = TypeVar("T")
+Row = C.RowLike
+
+DONE_COMPLETE = ("succeeded", "input_required")
+DONE_FAIL = ("queued", "failed")
+DONE_CANCEL_ACK = ("cancelled",)
+
+
+class Tx(Protocol):
+    """One open write transaction: the named statements a backend provides.
+
+    Each is one statement or one batch; none decides a rule. ``topics`` collects the
+    wake-ups the queue asks for, published by the backend only after COMMIT.
+    """
+
+    topics: list[str]
+
+    # -- control plane ------------------------------------------------------------------------
+    def workspace_exists(self, workspace: str) -> bool: ...
+    def insert_workspace(self, workspace: str) -> bool: ...
+    def agent_exists(self, workspace: str, agent_id: str) -> bool: ...
+    def insert_credential(
+        self, cid: str, workspace: str, kind: str, subject: str, token_hash: str,
+        expires_at: str | None,
+    ) -> bool: ...  # fmt: skip
+    def revoke_credential(self, workspace: str, credential_id: str) -> bool: ...
+    def insert_agent(
+        self, workspace: str, agent_id: str, description: str, capabilities: str
+    ) -> Row | None: ...
+    def insert_enrollment(
+        self, code_hash: str, workspace: str, agent_id: str, expires_at: str
+    ) -> bool: ...
+    def redeem_enrollment(self, code_hash: str) -> Row | None: ...
+    def insert_grant(
+        self, gid: str, workspace: str, caller: str, receiver: str, capabilities: str
+    ) -> Row: ...
+    def revoke_grant(self, workspace: str, grant_id: str) -> bool: ...
+    def insert_audit(self, notes: Sequence[C.Note]) -> list[int]: ...
+
+    # -- tasks ----------------------------------------------------------------------------
+    def insert_tasks(self, tasks: Sequence[NewTask]) -> Sequence[Row | None]: ...
+    def task_by_message(
+        self, workspace: str, caller: str, message_id: str | None
+    ) -> Row | None: ...
+    def task_row(self, task_id: str, workspace: str | None = None) -> Row | None: ...
+    def lock_task(self, task_id: str, workspace: str | None = None) -> Row | None: ...
+    def cancel_task(self, workspace: str, task_id: str, grace_ms: int) -> Row | None: ...
+    def insert_event(self, task_id: str, kind: str, body: str) -> Row: ...
+    def settle_expired(self, workspace: str | None, receiver: str | None) -> Sequence[Row]: ...
+    def claim(
+        self, workspace: str, receiver: str, owner: str, limit: int, ttl_ms: int
+    ) -> Sequence[Row]: ...
+    def renew(self, task_id: str, epoch: int, ttl_ms: int) -> bool: ...
+    def live_lease(self, task_id: str, epoch: int) -> Row | None: ...
+    def complete(self, items: Sequence[tuple[str, int, str]], state: str) -> Mapping[int, Row]: ...
+    def fail(
+        self, task_id: str, epoch: int, error: str, retry: bool, backoff_ms: int
+    ) -> Row | None: ...
+    def ack_cancel(self, task_id: str, epoch: int) -> Row | None: ...
+    def release_cancelled(self, task_id: str) -> None: ...
+    def expire_leases(self, task_ids: Sequence[str] | None) -> int: ...
+
+
+class QueueStore(ReadQueries):
+    """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
+    it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
+    lifecycle (migrate, close, now, settle)."""
+
+    cancel_grace_ms: int
+
+    def _transact(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one write transaction; publish ``tx.topics`` after COMMIT."""
+        raise NotImplementedError
+
+    # -- audit ------------------------------------------------------------------------------
+    @staticmethod
+    def _notes(tx: Tx, notes: Sequence[C.Note | None]) -> list[int]:
+        """Write the records in the open transaction: they commit with what they record."""
+        rows = [n for n in notes if n is not None]
+        if not rows:
+            return []
+        seqs = tx.insert_audit(rows)
+        tx.topics += [audit_topic(w) for w in dict.fromkeys(n.workspace for n in rows)]
+        return seqs
+
+    def audit(
+        self,
+        workspace: str,
+        actor: str,
+        action: str,
+        subject: str,
+        allowed: bool,
+        rule: str,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        note = C.Note(workspace, actor, action, subject, allowed, rule, reason, detail or {})
+        return self._transact(lambda tx: self._notes(tx, [note])[0])
+
+    # -- workspaces and credentials -------------------------------------------------------------
+    def ensure_workspace(self, workspace: str) -> bool:
+        return self._transact(lambda tx: tx.insert_workspace(workspace))
+
+    def add_credential(
+        self,
+        workspace: str,
+        kind: CredentialKind,
+        subject: str,
+        token_hash: str,
+        expires_at: str | None = None,
+        *,
+        record: Record | None = None,
+    ) -> str:
+        cid = C.new_id()
+
+        def go(tx: Tx) -> str:
+            _need_workspace(tx, workspace)
+            if not tx.insert_credential(
+                cid, workspace, CredentialKind(kind).value, subject, token_hash, expires_at
+            ):
+                raise Conflict("credential hash already stored")
+            self._notes(tx, [C.record_note(workspace, record, cid)])
+            return cid
+
+        return self._transact(go)
+
+    def revoke_credential(
+        self, workspace: str, credential_id: str, *, record: Record | None = None
+    ) -> bool:
+        def go(tx: Tx) -> bool:
+            done = tx.revoke_credential(workspace, credential_id)
+            if done:
+                self._notes(tx, [C.record_note(workspace, record, credential_id)])
+            return done
+
+        return self._transact(go)
+
+    # -- agents and enrollment --------------------------------------------------------------
+    def add_agent(
+        self,
+        workspace: str,
+        agent_id: str,
+        description: str,
+        capabilities: Sequence[Capability],
+        *,
+        record: Record | None = None,
+    ) -> Agent:
+        def go(tx: Tx) -> Agent:
+            _need_workspace(tx, workspace)
+            row = tx.insert_agent(workspace, agent_id, description, C.caps_json(capabilities))
+            if row is None:
+                raise Conflict(f"agent {agent_id!r} already exists")
+            self._notes(tx, [C.record_note(workspace, record, agent_id)])
+            return C.agent_from_row(row)
+
+        return self._transact(go)
+
+    def add_enrollment(
+        self,
+        workspace: str,
+        agent_id: str,
+        code_hash: str,
+        expires_at: str,
+        *,
+        record: Record | None = None,
+    ) -> None:
+        def go(tx: Tx) -> None:
+            _need_agent(tx, workspace, agent_id)
+            if not tx.insert_enrollment(code_hash, workspace, agent_id, expires_at):
+                raise Conflict("enrollment code already stored")
+            self._notes(tx, [C.record_note(workspace, record, agent_id)])
+
+        self._transact(go)
+
+    def redeem_enrollment(self, code_hash: str) -> tuple[str, str] | None:
+        row = self._transact(lambda tx: tx.redeem_enrollment(code_hash))
+        return None if row is None else (row["workspace"], row["agent_id"])
+
+    def join(
+        self, code_hash: str, token_hash: str, *, reason: str = ""
+    ) -> tuple[str, str, str] | None:
+        """Redeem a one-time code and issue the agent's credential in *one* transaction
+        (so a code is never used up without a credential to show for it), recording
+        ``enrollment.redeem``. Returns (workspace, agent id, credential id) or None."""
+
+        def go(tx: Tx) -> tuple[str, str, str] | None:
+            row = tx.redeem_enrollment(code_hash)
+            if row is None:
+                return None
+            workspace, agent_id = str(row["workspace"]), str(row["agent_id"])
+            cid = C.new_id()
+            if not tx.insert_credential(
+                cid, workspace, CredentialKind.AGENT.value, agent_id, token_hash, None
+            ):
+                raise Conflict("credential hash already stored")
+            note = C.Note(
+                workspace, f"agent:{agent_id}", "enrollment.redeem", agent_id, True, "code",
+                reason or f"{agent_id} joined with a one-time code; credential {cid} issued",
+                {"credential_id": cid},
+            )  # fmt: skip
+            self._notes(tx, [note])
+            return workspace, agent_id, cid
+
+        return self._transact(go)
+
+    # -- grants -------------------------------------------------------------------------------
+    def add_grant(
+        self,
+        workspace: str,
+        caller: str,
+        receiver: str,
+        capabilities: Sequence[str],
+        *,
+        record: Record | None = None,
+    ) -> Grant:
+        caps = list(dict.fromkeys(capabilities))
+
+        def go(tx: Tx) -> Grant:
+            for agent in (caller, receiver):
+                _need_agent(tx, workspace, agent)
+            row = tx.insert_grant(C.new_id(), workspace, caller, receiver, C.json_list(caps))
+            grant = C.grant_from_row(row)
+            self._notes(tx, [C.record_note(workspace, record, grant.id)])
+            return grant
+
+        return self._transact(go)
+
+    def revoke_grant(self, workspace: str, grant_id: str, *, record: Record | None = None) -> bool:
+        def go(tx: Tx) -> bool:
+            done = tx.revoke_grant(workspace, grant_id)
+            if done:
+                self._notes(tx, [C.record_note(workspace, record, grant_id)])
+            return done
+
+        return self._transact(go)
+
+    # -- tasks: caller side -----------------------------------------------------------------
+    def enqueue(self, task: NewTask) -> tuple[Task, bool]:
+        return self.enqueue_many([task])[0]
+
+    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        if any(t.max_attempts < 1 for t in tasks):
+            raise ValueError("max_attempts must be at least 1")
+        if not tasks:
+            return []
+
+        def go(tx: Tx) -> list[tuple[Task, bool]]:
+            out: list[tuple[Task, bool]] = []
+            for task, row in zip(tasks, tx.insert_tasks(tasks), strict=True):
+                if row is not None:
+                    tx.topics += [
+                        receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
+                    ]  # fmt: skip
+                    out.append((C.task_from_row(row), True))
+                    continue
+                existing = tx.task_by_message(task.workspace, task.caller, task.message_id)
+                if existing is None:  # only a dedupe hit can suppress the insert
+                    raise StoreError("enqueue: insert suppressed without a duplicate")
+                out.append((C.task_from_row(existing), False))
+            self._notes(tx, C.accept_notes(tasks, out))
+            return out
+
+        return self._transact(go)
+
+    def cancel(
+        self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
+    ) -> tuple[Task | None, Outcome]:
+        def go(tx: Tx) -> tuple[Task | None, Outcome]:
+            # locked: the state the cancel below acts on
+            before = tx.lock_task(task_id, workspace) if actor is not None else None
+            row = tx.cancel_task(workspace, task_id, self.cancel_grace_ms)
+            if row is not None:
+                tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+                task, outcome = C.task_from_row(row), Outcome.OK
+            else:
+                row = tx.task_row(task_id, workspace)
+                if row is None:
+                    return None, Outcome.NOT_FOUND
+                task = C.task_from_row(row)
+                outcome = (
+                    Outcome.DUPLICATE if task.state is TaskState.CANCELLED else Outcome.LEASE_LOST
+                )
+            if actor is not None and before is not None:
+                self._notes(tx, [C.cancel_note(actor, rule, before["state"], task, outcome)])
+            return task, outcome
+
+        return self._transact(go)
+
+    def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
+        def go(tx: Tx) -> TaskEvent:
+            if tx.task_row(task_id) is None:
+                raise NotFoundError(f"unknown task {task_id!r}")
+            return self._event(tx, task_id, kind, body)
+
+        return self._transact(go)
+
+    @staticmethod
+    def _event(tx: Tx, task_id: str, kind: str, body: str) -> TaskEvent:
+        row = tx.insert_event(task_id, kind, body)
+        tx.topics.append(task_topic(task_id))
+        return C.event_from_row(row)
+
+    # -- tasks: receiver side -----------------------------------------------------------------
+    def _settle(self, tx: Tx, workspace: str | None, receiver: str | None) -> int:
+        """Expired holds: leased → queued (epoch bumped) or failed when attempts are spent;
+        cancelled-in-grace → slot released. Lease losses are audited here, because only the
+        store sees them happen."""
+        rows = tx.settle_expired(workspace, receiver)
+        for r in rows:
+            tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
+        self._notes(
+            tx,
+            [
+                C.expiry_note(r["workspace"], r["id"], r["state"], r["attempt"], r["max_attempts"])
+                for r in rows
+            ],
+        )
+        return len(rows)
+
+    def claim(
+        self,
+        workspace: str,
+        receiver: str,
+        owner: str,
+        *,
+        limit: int = 1,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Lease]:
+        if limit < 1:
+            return []
+
+        def go(tx: Tx) -> list[Lease]:
+            self._settle(tx, workspace, receiver)
+            rows = sorted(
+                tx.claim(workspace, receiver, owner, limit, round(lease_seconds * 1000)),
+                key=lambda r: int(r["seq"]),
+            )
+            leases = []
+            for r in rows:
+                task = C.task_from_row(r)
+                tx.topics.append(task_topic(task.id))
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+            if actor is not None:
+                self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
+            return leases
+
+        return self._transact(go)
+
+    def _why_not(
+        self,
+        tx: Tx,
+        task_id: str,
+        epoch: int,
+        done: tuple[str, ...],
+        fence: C.FencedWrite | None = None,
+    ) -> Verdict:
+        """A fenced write matched nothing: say why (and audit it for ``fence``), and let a
+        cancelled task's receiver free its session slot with any write that carries the
+        right epoch (its ``ack_cancel``, or a late complete/fail: it has stopped)."""
+        row = tx.lock_task(task_id)
+        if row is None:
+            return Verdict(Outcome.NOT_FOUND)
+        if row["lease_epoch"] == epoch and row["state"] in done:
+            verdict = Verdict(Outcome.DUPLICATE)
+        else:
+            if (
+                row["lease_epoch"] == epoch
+                and row["state"] == "cancelled"
+                and row["lease_expires_at"] is not None
+            ):
+                tx.release_cancelled(task_id)
+                tx.topics += [
+                    receiver_topic(row["workspace"], row["receiver"]),
+                    task_topic(task_id),
+                ]
+            verdict = _lost(row["state"], row["lease_epoch"], epoch)
+        if fence is not None:
+            self._notes(tx, [fence.note(row["workspace"], task_id, epoch, verdict)])
+        return verdict
+
+    def _not_live(
+        self, tx: Tx, task_id: str, epoch: int, actor: str | None, action: str
+    ) -> Verdict:
+        """A renew/progress found no live lease: NOT_FOUND or LEASE_LOST, audited for
+        ``actor``. Unlike :meth:`_why_not` it releases no cancelled slot: these writes
+        do not say the receiver has stopped."""
+        row = tx.task_row(task_id)
+        if row is None:
+            return Verdict(Outcome.NOT_FOUND)
+        verdict = _lost(row["state"], row["lease_epoch"], epoch)
+        if actor is not None:
+            note = C.FencedWrite(actor, action).note(row["workspace"], task_id, epoch, verdict)
+            self._notes(tx, [note])
+        return verdict
+
+    def renew(
+        self,
+        task_id: str,
+        epoch: int,
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> Verdict:
+        def go(tx: Tx) -> Verdict:
+            if tx.renew(task_id, epoch, round(lease_seconds * 1000)):
+                return Verdict(Outcome.OK)
+            return self._not_live(tx, task_id, epoch, actor, "task.renew")
+
+        return self._transact(go)
+
+    def progress(
+        self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
+    ) -> Verdict:
+        def go(tx: Tx) -> Verdict:
+            live = tx.live_lease(task_id, epoch)
+            if live is None:
+                return self._not_live(tx, task_id, epoch, actor, "task.progress")
+            self._event(tx, task_id, kind, body)
+            ok = Verdict(Outcome.OK)
+            if actor is not None:
+                fence = C.FencedWrite(actor, "task.progress", {"kind": kind})
+                self._notes(tx, [fence.note(live["workspace"], task_id, epoch, ok)])
+            return ok
+
+        return self._transact(go)
+
+    def _complete(
+        self,
+        tx: Tx,
+        items: Sequence[tuple[str, int, str]],
+        state: str,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        """Record successes, answering exactly as the items would be one by one: per task
+        the first item whose epoch holds the lease wins; the rest are explained."""
+        winners = tx.complete(items, state)
+        action = "task.input_required" if state == "input_required" else "task.complete"
+        fence = None if actor is None else C.FencedWrite(actor, action)
+        verdicts: list[Verdict] = []
+        notes: list[C.Note | None] = []
+        for k, (tid, ep, _) in enumerate(items):
+            r = winners.get(k)
+            if r is None:
+                verdicts.append(self._why_not(tx, tid, ep, DONE_COMPLETE, fence))
+                continue
+            ok = Verdict(Outcome.OK)
+            verdicts.append(ok)
+            if fence is not None:
+                notes.append(fence.note(r["workspace"], tid, ep, ok))
+            tx.topics.append(task_topic(tid))
+            if r["session_key"] is not None:  # the session's next task may be claimable now
+                tx.topics.append(receiver_topic(r["workspace"], r["receiver"]))
+        self._notes(tx, notes)
+        return verdicts
+
+    def complete(
+        self,
+        task_id: str,
+        epoch: int,
+        result: str,
+        *,
+        input_required: bool = False,
+        actor: str | None = None,
+    ) -> Verdict:
+        state = "input_required" if input_required else "succeeded"
+        item = [(task_id, epoch, result)]
+        return self._transact(lambda tx: self._complete(tx, item, state, actor))[0]
+
+    def complete_many(
+        self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
+    ) -> list[Verdict]:
+        if not items:
+            return []
+        return self._transact(lambda tx: self._complete(tx, items, "succeeded", actor))
+
+    def fail(
+        self,
+        task_id: str,
+        epoch: int,
+        error: str,
+        *,
+        retryable: bool = True,
+        backoff_seconds: float = 1.0,
+        actor: str | None = None,
+    ) -> Verdict:
+        fence = (
+            None
+            if actor is None
+            else C.FencedWrite(actor, "task.fail", {"error": error, "retryable": retryable})
+        )
+        backoff = max(0, round(backoff_seconds * 1000))
+
+        def go(tx: Tx) -> Verdict:
+            row = tx.fail(task_id, epoch, error, retryable, backoff)
+            if row is None:
+                return self._why_not(tx, task_id, epoch, DONE_FAIL, fence)
+            ok = Verdict(Outcome.OK)
+            if fence is not None:
+                self._notes(tx, [fence.note(row["workspace"], task_id, epoch, ok)])
+            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+            return ok
+
+        return self._transact(go)
+
+    def ack_cancel(self, task_id: str, epoch: int, *, actor: str | None = None) -> Verdict:
+        fence = None if actor is None else C.FencedWrite(actor, "task.cancel_ack")
+
+        def go(tx: Tx) -> Verdict:
+            row = tx.ack_cancel(task_id, epoch)
+            if row is None:
+                return self._why_not(tx, task_id, epoch, DONE_CANCEL_ACK, fence)
+            tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+            ok = Verdict(Outcome.OK)
+            if fence is not None:
+                self._notes(tx, [fence.note(row["workspace"], task_id, epoch, ok)])
+            return ok
+
+        return self._transact(go)
+
+    def sweep(self) -> int:
+        return self._transact(lambda tx: self._settle(tx, None, None))
+
+    # -- test hooks ---------------------------------------------------------------------------
+    def expire_leases(self, task_ids: Sequence[str] | None = None) -> int:
+        """Make leases (all, or these) expire now, without waiting out a TTL. For tests and
+        drills; the next claim or sweep settles them exactly as a real expiry."""
+        return self._transact(lambda tx: tx.expire_leases(task_ids))
+
+
+def _lost(state: str | None, lease_epoch: int | None, epoch: int) -> Verdict:
+    reason, sentence = C.lost_reason(state, lease_epoch, epoch)
+    return Verdict(Outcome.LEASE_LOST, reason, sentence)
+
+
+def _need_workspace(tx: Tx, workspace: str) -> None:
+    if not tx.workspace_exists(workspace):
+        raise NotFoundError(f"unknown workspace {workspace!r}")
+
+
+def _need_agent(tx: Tx, workspace: str, agent_id: str) -> None:
+    if not tx.agent_exists(workspace, agent_id):
+        raise NotFoundError(f"unknown agent {agent_id!r}")
