@@ -6,6 +6,7 @@ a harness would run it); everything it did is appended to ``turns.ndjson`` in it
 workspace (the turn's cwd) for a test to read. Directives:
 
     send NAME: TEXT      melchior tool --verb=send_to --to=NAME --message=TEXT
+                         (a literal \\n in TEXT is a line break in the note)
     send- NAME: TEXT     the same with --message=- (TEXT on stdin)
     team                 melchior tool --verb=team
     team-line: LINE      melchior tool --verb=team --message=LINE
@@ -51,6 +52,7 @@ def main() -> int:
         m = DIRECTIVE.match(line)
         if m:
             verb, to, text = m.groups()
+            text = text.replace("\\n", "\n")  # a literal backslash-n is a line break
             if verb == "send-":
                 calls.append(tool("--verb=send_to", f"--to={to}", "--message=-", stdin=text))
             else:
@@ -73,7 +75,14 @@ def main() -> int:
         elif line.startswith("sleep: "):
             time.sleep(float(line[7:]))
     env = {k: v for k, v in os.environ.items() if k.startswith(("MELCHIOR_PLANE_", "MAGI_"))}
-    record = {"prompt": prompt, "env": env, "calls": calls, "schema": tool("--schema")["reply"]}
+    roster = json.loads(Path(env["MELCHIOR_PLANE_ROSTER"]).read_text(encoding="utf-8"))
+    record = {
+        "prompt": prompt,
+        "env": env,
+        "roster": roster,
+        "calls": calls,
+        "schema": tool("--schema")["reply"],
+    }
     with open("turns.ndjson", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     if answers:

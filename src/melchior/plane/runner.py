@@ -274,6 +274,7 @@ class Plane:
                 reason=reason,
                 chain=inp.chain,
                 message_id=inp.message_id,
+                text=inp.text,
             )
             if inp.kind in ("note", "answer") and inp.sender:
                 self.state.notice(
