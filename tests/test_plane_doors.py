@@ -113,7 +113,7 @@ def test_team_opens_lists_and_drops_one_way(tmp_path: Path) -> None:
             plane.operator_line("planner", "send ledger: after drop")
             await settle(plane)
             assert log(plane, "note")[-1]["receipt"] == "held"
-            assert [e.text for e in watch.of("planner", "team")][0].startswith("/team at planner")
+            assert watch.of("planner", "team")[0].text.startswith("/team at planner")
 
     run(main)
     listing = turns(config, "planner")[0]["calls"][1]["reply"]["result"]
