@@ -33,9 +33,9 @@ from melchior.policy.quotas import per_turn
 class Event(NamedTuple):
     """Something the plane tells whoever watches it (the console, the headless printer).
 
-    ``kind``: ``operator``, ``webhook``, ``turn``, ``progress``, ``answer``, ``note``
-    (a note's receipt), ``question`` (a held note's ``y / n``), ``team``, ``notice``,
-    ``error``, ``state``.
+    ``kind``: ``operator``, ``webhook``, ``turn`` (one starts), ``progress`` (what it
+    streams), ``done`` (its final output), ``answer`` and ``note`` (receipts), ``question``
+    (a held note's ``y / n``), ``team``, ``error``, ``state`` (running, idle).
     """
 
     agent: str

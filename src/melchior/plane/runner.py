@@ -359,11 +359,16 @@ class Plane:
             reason=result.error,
             text=result.text,
         )
+        ended = (
+            f"turn failed: {result.error}"
+            if not result.ok
+            else result.text or "(the turn ended without an answer)"
+        )
         self.emit(
             Event(
                 agent,
-                "answer" if result.ok else "error",
-                result.text if result.ok else f"turn failed: {result.error}",
+                "done" if result.ok else "error",
+                ended,
                 {"turn": turn, "state": result.state},
             )
         )
@@ -464,7 +469,7 @@ class Plane:
                 self.emit(
                     Event(
                         who,
-                        "answer-refused" if who == agent else "note",
+                        "answer",
                         f"answer {agent} → {sender} refused ({refusal.rule})",
                         {"receipt": "refused", "rule": refusal.rule},
                     )
