@@ -3,6 +3,7 @@ an agent that tries to type /team, and the plane restarted with a note still hel
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from melchior.plane.config import PlaneConfig
@@ -179,3 +180,36 @@ def test_a_held_note_survives_a_restart_and_y_still_sends_it(tmp_path: Path) -> 
     run(second)
     (ledger,) = turns(config, "ledger")
     assert "kept over a restart" in ledger["prompt"]
+
+
+def test_a_turn_cut_short_by_a_stop_is_not_run_again_and_the_sender_is_told(
+    tmp_path: Path,
+) -> None:
+    config = load_plane(
+        write_plane(tmp_path, [{"id": "planner", "talksTo": ["ledger"]}, {"id": "ledger"}])
+    )
+
+    async def first() -> None:
+        async with running(config) as (plane, _w):
+            plane.operator_line("planner", "send ledger: sleep: 60")
+            for _ in range(600):  # until ledger's turn is running (a hang guard)
+                if plane.status("ledger").state == "running" and turns(config, "planner"):
+                    break
+                await asyncio.sleep(0.05)
+            assert plane.status("ledger").state == "running"
+
+    async def second() -> None:
+        async with running(load_plane(config.path)) as (plane, _w):
+            await settle(plane)
+            assert [e["rule"] for e in log(plane, "turn") if e.get("rule")] == ["interrupted"]
+            assert plane.state.pending("ledger") == []
+            told = [t for _, t in plane.state.untold("planner")]
+            assert any("so your note to it got no answer" in t for t in told)
+            plane.operator_line("ledger", "hello again")
+            await settle(plane)
+
+    run(first)
+    run(second)
+    ledger = turns(config, "ledger")
+    assert len(ledger) == 1  # the cut turn never recorded, and it was not run again
+    assert "Your last turn was interrupted when the plane stopped." in ledger[0]["prompt"]

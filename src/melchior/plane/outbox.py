@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +30,7 @@ MAX_NOTE_BYTES = 64 * 1024
 MAX_LINES = 16
 """Lines read from one outbox (three notes a turn; the slack is for refusals to name)."""
 KEYS = frozenset({"to", "text", "id"})
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class Note(NamedTuple):
@@ -148,6 +150,6 @@ def _note(number: int, raw: bytes) -> tuple[Note | None, str]:
         body.encode("utf-8")
     except UnicodeEncodeError:
         return None, "its text is not valid Unicode"
-    if nid is not None and (not isinstance(nid, str) or len(nid) > 64):
-        return None, "'id' must be short text"
+    if nid is not None and (not isinstance(nid, str) or not _ID.fullmatch(nid)):
+        return None, "'id' must be 1-64 letters, digits, '_' or '-'"
     return Note(number, to[:200], body, nid), ""

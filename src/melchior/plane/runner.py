@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -184,8 +183,6 @@ class Plane:
         """The operator's key for held note ``held_id`` (``y`` yes, anything else no)."""
         result = release(self.config, self.state, self.emit, held_id, key)
         if result is not None:
-            held_to = result.detail or {}
-            del held_to
             for agent in self.config.ids:
                 self._kick(agent)
             self._check_quiet()
@@ -208,15 +205,7 @@ class Plane:
 
     def recover(self) -> None:
         """After a restart: turns that were running are not run again; say so."""
-        for inp in self.state.interrupted():
-            text = f"{inp.agent}'s turn was interrupted when the plane stopped; it is not run again"
-            self.state.log(
-                "turn", recipient=inp.agent, receipt="refused", rule="interrupted", reason=text
-            )
-            self.state.notice(inp.agent, "Your last turn was interrupted when the plane stopped.")
-            if inp.kind == "note" and inp.sender:
-                self.state.notice(inp.sender, f"{text}, so your note to it got no answer.")
-            self.emit(Event(inp.agent, "error", text))
+        self._interrupted(self.state.interrupted())
         for held in self.state.waiting():
             self.emit(
                 Event(
@@ -226,6 +215,17 @@ class Plane:
                     {"held": held.id, "to": held.recipient},
                 )
             )
+
+    def _interrupted(self, inputs: list[Input]) -> None:
+        for inp in inputs:
+            text = f"{inp.agent}'s turn was interrupted when the plane stopped; it is not run again"
+            self.state.log(
+                "turn", recipient=inp.agent, receipt="refused", rule="interrupted", reason=text
+            )
+            self.state.notice(inp.agent, "Your last turn was interrupted when the plane stopped.")
+            if inp.kind == "note" and inp.sender:
+                self.state.notice(inp.sender, f"{text}, so your note to it got no answer.")
+            self.emit(Event(inp.agent, "error", text))
 
     async def run(self) -> None:
         """Run every agent's worker until :meth:`stop` (or the task is cancelled)."""
@@ -258,9 +258,22 @@ class Plane:
             self.emit(Event(agent, "state", "running"))
             try:
                 await self._turn(agent, inp)
+            except Exception as exc:  # a broken workspace must not stop the other agents
+                self._broken_turn(inp, exc)
             finally:
                 self._running.discard(agent)
                 self.emit(Event(agent, "state", "idle"))
+
+    def _broken_turn(self, inp: Input, exc: Exception) -> None:
+        reason = f"the plane could not run the turn: {type(exc).__name__}: {exc}"
+        with self.state.tx():
+            self.state.set_input(inp.id, "failed")
+            self.state.log(
+                "turn", recipient=inp.agent, receipt="failed", rule="plane-error", reason=reason
+            )
+            if inp.kind == "note" and inp.sender:
+                self.state.notice(inp.sender, f"{inp.agent}'s turn on your note failed: {reason}")
+        self.emit(Event(inp.agent, "error", reason))
 
     def _refuse_input(self, inp: Input, reason: str) -> None:
         with self.state.tx():
@@ -337,15 +350,12 @@ class Plane:
                 Turn(prompt=prompt, cwd=ws, message=message, env=env), progress
             )
         except asyncio.CancelledError:
-            self.state.end_turn(turn, "interrupted", "", "the plane stopped during the turn", None)
-            self.state.log(
-                "turn",
-                recipient=agent,
-                receipt="refused",
-                rule="interrupted",
-                turn=turn,
-                reason="the plane stopped during the turn",
-            )
+            # Stopped mid-turn: the process group is gone; record it as a crash would be
+            # found on the next start (never run again, whoever waited is told).
+            with self.state.tx():
+                self.state.end_turn(turn, "interrupted", "", "the plane stopped", None)
+                self.state.set_input(inp.id, "running")
+                self._interrupted(self.state.interrupted(inp.id))
             raise
         cost = result.usage.get("cost_usd")
         self.state.end_turn(
@@ -477,7 +487,3 @@ class Plane:
             return
         carry(self.state, self.emit, message, rule="origin", turn=turn)
         self._kick(sender)
-
-
-def agents_of(config: PlaneConfig) -> Iterable[str]:
-    return config.ids

@@ -215,17 +215,26 @@ class State:
                 (state, turn, input_id),
             )
 
-    def interrupted(self) -> list[Input]:
-        """Inputs whose turn was running when the plane stopped, now marked interrupted."""
-        with self.tx() as db:
-            rows = [
-                self._input(r) for r in db.execute("SELECT * FROM inputs WHERE state = 'running'")
-            ]
-            db.execute("UPDATE inputs SET state = 'interrupted' WHERE state = 'running'")
-            db.execute(
-                "UPDATE turns SET state = 'interrupted', ended = ? WHERE ended IS NULL",
-                (time.time(),),
+    def interrupted(self, input_id: int | None = None) -> list[Input]:
+        """Inputs whose turn was running when the plane stopped (all, or ``input_id``),
+        now marked interrupted, with their turns."""
+        where, args = (
+            ("state = 'running'", ())
+            if input_id is None
+            else (
+                "state = 'running' AND id = ?",
+                (input_id,),
             )
+        )
+        with self.tx() as db:
+            rows = [self._input(r) for r in db.execute(f"SELECT * FROM inputs WHERE {where}", args)]
+            db.execute(f"UPDATE inputs SET state = 'interrupted' WHERE {where}", args)
+            for inp in rows:
+                db.execute(
+                    "UPDATE turns SET state = 'interrupted', ended = ? WHERE input = ? AND "
+                    "ended IS NULL",
+                    (time.time(), inp.id),
+                )
             return rows
 
     # -- turns and ceilings ---------------------------------------------------------------
