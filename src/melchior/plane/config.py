@@ -153,11 +153,15 @@ def _agent(raw: Any, base: Path, workspaces: Path, path: Path, i: int) -> AgentC
     from melchior.runtimes import RuntimeConfigError, runtime_for
 
     place = f"agents[{i}]"
+    if isinstance(raw, Mapping) and is_agent_id(raw.get("id")):
+        place = f"agents[{i}] ({raw['id']})"
     table = _strict(raw, AGENT_KEYS, path, place)
     agent_id = table.get("id")
     if not is_agent_id(agent_id):
         raise PlaneConfigError(
-            _where(path, f"{place}.id must be a word (letters, digits, '_', '-'; from a letter)")
+            _where(
+                path, f"agents[{i}].id must be a word (letters, digits, '_', '-'; from a letter)"
+            )
         )
     assert isinstance(agent_id, str)
     place = f"agents[{i}] ({agent_id})"
