@@ -109,6 +109,7 @@ def test_three_a_turn_once_each_and_an_unknown_name_is_an_error(tmp_path: Path) 
                 ("c", "delivered"),
                 ("d", "delivered"),
             ]
+            assert len({(n["chain"], n["hop"]) for n in notes}) == 1  # one turn, one chain
 
     run(main)
     calls = turns(config, "a")[0]["calls"]

@@ -398,8 +398,8 @@ class Plane:
         delivery = TurnDelivery(
             self.config, self.state, self.emit, sender=agent, turn=turn, mentioned=mentioned
         )
+        chain = note_chain(origin, agent)  # every note of one turn travels on one chain
         for note in read.notes:
-            chain = note_chain(origin, agent)
             delivery.deliver(
                 Message(
                     agent,
