@@ -76,3 +76,14 @@ def test_the_webhook_listens_on_loopback_only(tmp_path: Path) -> None:
         parse("[plane]\n", tmp_path / "PLANE.toml")
     with pytest.raises(PlaneConfigError, match="not TOML"):
         parse("[[agents]\n", tmp_path / "PLANE.toml")
+
+
+def test_one_plane_at_a_time_on_one_state(tmp_path: Path) -> None:
+    from melchior.plane.state import State, StateBusy
+
+    first = State(tmp_path / "state.db")
+    with pytest.raises(StateBusy, match="another plane is running"):
+        State(tmp_path / "state.db")
+    State(tmp_path / "state.db", readonly=True).close()  # readers need no lock
+    first.close()
+    State(tmp_path / "state.db").close()

@@ -82,8 +82,14 @@ def run(ns: argparse.Namespace) -> int:
         return _status(config, ns.json)
     import asyncio
 
-    if ns.headless:
-        return asyncio.run(headless(config, sys.stdin, sys.stdout, serve=ns.serve))
+    from melchior.plane.state import StateBusy
+
+    try:
+        if ns.headless:
+            return asyncio.run(headless(config, sys.stdin, sys.stdout, serve=ns.serve))
+    except StateBusy as exc:
+        print(f"melchior plane: {exc}", file=sys.stderr)
+        return 1
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(
             "melchior plane run: the console needs a terminal; use --headless for scripts",

@@ -95,6 +95,7 @@ class Console(App[int]):
         self.panes = {a: Pane(a) for a in plane.config.ids}
         self.order = list(plane.config.ids)
         self.selected = 0
+        self.webhook_at = ""
         self.status = Static("", id="status")
         self.prompt = Input(placeholder="type to the selected agent (/team, @name)", id="prompt")
         plane.listeners.append(self.on_plane_event)
@@ -140,6 +141,8 @@ class Console(App[int]):
             st = self.plane.status(agent)
             q = f" y/n:{st.questions}" if st.questions else ""
             parts.append(f"{agent}: {st.state} {st.ceiling}{q}")
+        if self.webhook_at:
+            parts.append(f"webhook {self.webhook_at}")
         self.status.update(Text(" | ".join(parts)))
         self._refresh_titles()
 
@@ -220,7 +223,12 @@ def run_console(config: PlaneConfig) -> int:
             plane.state.close()
         return code
 
-    return asyncio.run(main())
+    from melchior.plane.state import StateBusy
+
+    try:
+        return asyncio.run(main())
+    except StateBusy as exc:
+        raise SystemExit(f"melchior plane: {exc}") from None
 
 
 def _webhook(plane: Plane, app: Console) -> Webhook | None:
@@ -235,5 +243,5 @@ def _webhook(plane: Plane, app: Console) -> Webhook | None:
     if not token:
         raise SystemExit(f"melchior plane: the webhook needs a token in ${hook.token_env}")
     webhook = Webhook(plane, token, hook.listen, hook.port)
-    app.sub_title = f"webhook: http://{hook.listen}:{webhook.port}/agents/NAME/lines"
+    app.webhook_at = f"http://{hook.listen}:{webhook.port}/agents/NAME/lines"
     return webhook

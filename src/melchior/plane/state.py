@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -79,6 +80,19 @@ class Held(NamedTuple):
     state: str
 
 
+def _lock(path: Path) -> int:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateBusy(f"another plane is running with the state {path}") from None
+    return fd
+
+
 def _chain(raw: str | None) -> Chain | None:
     return None if raw is None else Chain.from_dict(json.loads(raw))
 
@@ -87,12 +101,24 @@ def _chain_json(chain: Chain | None) -> str | None:
     return None if chain is None else json.dumps(chain.as_dict())
 
 
+class StateBusy(RuntimeError):
+    """Another plane is running on this state (two would run every turn twice)."""
+
+
 class State:
-    """The plane's database; one per plane, opened by the runner and read by ``plane log``."""
+    """The plane's database; one per plane, opened by the runner and read by ``plane log``.
+
+    A writer holds an exclusive lock on ``<state>.lock`` while it is open, so a second
+    ``melchior plane run`` of the same plane is refused instead of running every wake-up
+    twice; readers (``plane log``, ``plane status``) take no lock.
+    """
 
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
         self._depth = 0
+        self._lock: int | None = None
+        if not readonly:
+            self._lock = _lock(path)
         if readonly:
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
         else:
@@ -112,6 +138,9 @@ class State:
 
     def close(self) -> None:
         self.db.close()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
