@@ -69,9 +69,9 @@ def test_progress_and_results_refuse_unknown_kinds_and_states() -> None:
 
 
 def test_the_registry_names_exactly_the_adapters_built_here() -> None:
-    assert set(ADAPTERS) == {"command", "claude-code", "codex", "a2a"}
-    with pytest.raises(RuntimeConfigError, match="no runtime adapter is named 'provider'"):
-        runtime_for("provider")
+    assert set(ADAPTERS) == {"command", "claude-code", "codex", "a2a", "provider"}
+    with pytest.raises(RuntimeConfigError, match="no runtime adapter is named 'hermes'"):
+        runtime_for("hermes")
     with pytest.raises(RuntimeConfigError, match="options must be a mapping"):
         runtime_for("codex", ["sandbox"])  # type: ignore[arg-type]
     for name, config in (
@@ -79,6 +79,7 @@ def test_the_registry_names_exactly_the_adapters_built_here() -> None:
         ("claude-code", {}),
         ("codex", {}),
         ("a2a", {"card_url": "http://127.0.0.1:8645/.well-known/agent-card.json"}),
+        ("provider", {"provider": "claude", "model": "m"}),
     ):
         rt: Runtime = runtime_for(name, config)
         assert rt.name == name
@@ -110,7 +111,7 @@ def test_the_documented_examples_build_and_name_every_option() -> None:
     import re
     import tomllib
 
-    from melchior.runtimes import a2a, claude_code, codex, command
+    from melchior.runtimes import a2a, claude_code, codex, command, provider
     from melchior.runtimes.process import PROCESS_OPTIONS
 
     doc = (Path(__file__).parent.parent / "docs" / "runtimes.md").read_text()
@@ -120,6 +121,7 @@ def test_the_documented_examples_build_and_name_every_option() -> None:
         "claude-code": claude_code.OPTIONS,
         "codex": codex.OPTIONS,
         "a2a": a2a.OPTIONS,
+        "provider": provider.OPTIONS,
     }
     seen = set()
     for block in blocks:

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verbs": ("melchior.commands.verbs", "what a session answers over its socket"),
     "gate-wire": ("melchior.commands.gate_wire", "refuse wire messages tagged other than 'event'"),
     "models": ("melchior.commands.models", "list the models your configured providers offer"),
+    "plane": ("melchior.commands.plane", "run a team of agents turn by turn; read its log"),
 }
 
 

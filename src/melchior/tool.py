@@ -123,6 +123,36 @@ VOCABULARY: tuple[ToolVerb, ...] = (
 
 BY_NAME: dict[str, ToolVerb] = {v.name: v for v in VOCABULARY}
 
+# -- the plane's verbs: only inside a plane turn (melchior.plane.verbs) -----------------------
+
+PLANE_ENV = "MELCHIOR_PLANE_OUTBOX"
+"""Set (with the roster and the agent's id) only in a plane turn; see melchior.plane.verbs."""
+PLANE_VOCABULARY: tuple[ToolVerb, ...] = (
+    ToolVerb(
+        "send_to",
+        "leave a note for another agent on this plane; it goes when this turn ends and wakes "
+        "that agent; its answer comes back as a turn of your own (three a turn, once each)",
+        required=(
+            Param("to", "the agent's id, as the team lists it"),
+            Param("message", "the whole request in one note ('-': read it from stdin)"),
+        ),
+        needs_identity=False,
+    ),
+    ToolVerb(
+        "team",
+        "who there is on this plane and whom you may write to now (read only: the operator "
+        "opens doors)",
+        optional=(Param("message", "a /team line: refused, with the line your operator types"),),
+        needs_identity=False,
+    ),
+)
+
+
+def vocabulary(env: Mapping[str, str] | None = None) -> tuple[ToolVerb, ...]:
+    """The verbs this caller has: the plane's two are added only inside a plane turn."""
+    environ = os.environ if env is None else env
+    return (*VOCABULARY, *PLANE_VOCABULARY) if environ.get(PLANE_ENV) else VOCABULARY
+
 
 def _param_schema(p: Param) -> dict[str, Any]:
     out: dict[str, Any] = {"type": p.type, "description": p.description}
@@ -147,7 +177,7 @@ def verb_schema(v: ToolVerb) -> dict[str, Any]:
     }
 
 
-def schema() -> dict[str, Any]:
+def schema(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The whole vocabulary as one JSON Schema document (draft 2020-12). Data only."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -157,7 +187,7 @@ def schema() -> dict[str, Any]:
             "One request to 'melchior tool': pass each property as --NAME=VALUE. The reply is "
             'one JSON object {"ok","family","n","result"} (or "error" with a reason).'
         ),
-        "oneOf": [verb_schema(v) for v in VOCABULARY],
+        "oneOf": [verb_schema(v) for v in vocabulary(env)],
     }
 
 
@@ -177,6 +207,7 @@ class Request(NamedTuple):
     page: int | None = None
     chain: str | None = None
     stdin: Callable[[int], bytes] = lambda n: b""
+    to: str | None = None
 
 
 class Context:
@@ -532,7 +563,7 @@ def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
     from melchior.session.config import ConfigError
     from melchior.session.identity import IdentityError
 
-    for flag in ("who", "message", "sort", "about", "chain"):
+    for flag in ("who", "message", "sort", "about", "chain", "to"):
         value = getattr(req, flag)
         if isinstance(value, str):
             try:
@@ -542,10 +573,17 @@ def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
                     f"--{flag} is not valid UTF-8 (bad byte at character {exc.start}); "
                     "nothing was sent"
                 ) from None
+    environ = os.environ if env is None else env
+    if environ.get(PLANE_ENV) and any(v.name == req.verb for v in PLANE_VOCABULARY):
+        from melchior.plane import verbs
+
+        try:
+            return verbs.perform(req.verb, environ, to=req.to, message=req.message, stdin=req.stdin)
+        except verbs.PlaneUsage as exc:
+            raise Usage(str(exc)) from None
     handler = HANDLERS.get(req.verb)
     if handler is None:
         raise Usage(f"unknown verb {req.verb!r}; the verbs are {', '.join(HANDLERS)}")
-    environ = os.environ if env is None else env
     try:
         ctx = context(environ, Path.cwd())
     except (names.NamingError, IdentityError, ConfigError) as exc:

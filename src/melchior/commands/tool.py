@@ -10,6 +10,8 @@
   melchior tool --verb=report --who=ID [--page=N] [--about=json]
   melchior tool --verb=end --who=ID
   melchior tool --schema
+  melchior tool --verb=send_to --to=NAME --message=TEXT   (in a plane turn; '-': stdin)
+  melchior tool --verb=team                               (in a plane turn)
 
 Prints one JSON reply {"ok","family","n","result"} on stdout; a refusal is
 {"ok":false,…,"error":{"code","reason",…}} with exit status 1 (2 for a malformed
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     import argparse
 
-FLAGS = ("verb", "who", "message", "sort", "about", "page", "chain")
+FLAGS = ("verb", "who", "message", "sort", "about", "page", "chain", "to")
 """The flags that take a value; ``--schema`` is the one switch."""
 
 
@@ -92,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--about", metavar="HANDLE", help="ID@MSG, a child's id, '-' or 'json'")
     parser.add_argument("--page", type=_page, metavar="N", help="report: which page to read")
     parser.add_argument("--chain", metavar="JSON", help="the chain of the message you answer")
+    parser.add_argument("--to", metavar="NAME", help="send_to: the plane agent to write to")
     parser.add_argument("--schema", action="store_true", help="print the vocabulary as JSON Schema")
 
 
@@ -119,6 +122,7 @@ def run(ns: argparse.Namespace | SimpleNamespace) -> int:
         page=ns.page,
         chain=ns.chain,
         stdin=sys.stdin.buffer.read,
+        to=ns.to,
     )
     try:
         result = perform(req)

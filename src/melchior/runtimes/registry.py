@@ -41,8 +41,20 @@ def _a2a(config: Mapping[str, Any]) -> Runtime:
     return A2ARuntime(config)
 
 
+def _provider(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.provider import ProviderRuntime
+
+    return ProviderRuntime(config)
+
+
 ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
-    {"command": _command, "claude-code": _claude_code, "codex": _codex, "a2a": _a2a}
+    {
+        "command": _command,
+        "claude-code": _claude_code,
+        "codex": _codex,
+        "a2a": _a2a,
+        "provider": _provider,
+    }
 )
 """Every adapter by its registry name."""
 
