@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verbs": ("melchior.commands.verbs", "what a session answers over its socket"),
     "gate-wire": ("melchior.commands.gate_wire", "refuse wire messages tagged other than 'event'"),
     "models": ("melchior.commands.models", "list the models your configured providers offer"),
+    "mcp": ("melchior.commands.mcp", "be a coding agent's session, as an MCP server on stdio"),
+    "hook": ("melchior.commands.hook", "answer a coding agent's turn hook from its bridge"),
 }
 
 

@@ -141,11 +141,15 @@ class Output:
             return cls(None)  # a regular file: plain blocking writes are fine
         return cls(asyncio.StreamWriter(transport, protocol, None, loop))
 
-    async def send(self, msg: JSONObject) -> None:
+    async def send(self, msg: JSONObject) -> str | None:
+        """Hand ``msg`` to the harness. Returns None: the pipe cannot tell whether the
+        harness's model has read it, so the receipt follows the harness's busy flag. An
+        Output that does know (the MCP bridge's inbox) returns the receipt kind instead."""
         if self._writer is None:
             lines.write_sync(sys.stdout.buffer, msg)
         else:
             await lines.write(self._writer, msg)
+        return None
 
 
 class Serve:
@@ -345,13 +349,15 @@ class Serve:
         fields.update(extra)
         fields["fenced"] = fenced.text
         try:
-            await self.out.send(event("message", **fields))
+            kind = await self.out.send(event("message", **fields))
         except (ConnectionError, OSError) as exc:
             raise Refused(
                 f"{self.me.id}'s harness is gone ({exc}); the message was not delivered",
                 "harness-gone",
                 {"receipt": "refused"},
             ) from None
+        if kind is not None:
+            return kind
         # Busy: the harness holds it until the current work is done.
         return "queued" if self.state.busy else "delivered"
 
