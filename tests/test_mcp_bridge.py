@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_kit import base_env, start
+from mcp_kit import Bridge, base_env, start
 
 
 @pytest.fixture
@@ -37,7 +37,8 @@ def _fork(env: dict[str, str], parent: str, role: str = "sub") -> dict[str, str]
     return minted
 
 
-def test_the_tools_are_the_vocabulary_schema(env: dict[str, str]) -> None:
+async def _check_tools_are_the_schema(a: Bridge, env: dict[str, str]) -> None:
+    """The tools are ``melchior tool --schema``'s verbs, each with the verb's own schema."""
     schema = json.loads(
         subprocess.run(
             [sys.executable, "-m", "melchior.cli", "tool", "--schema"],
@@ -46,24 +47,18 @@ def test_the_tools_are_the_vocabulary_schema(env: dict[str, str]) -> None:
             env=env,
         ).stdout
     )
-
-    async def scenario() -> None:
-        async with AsyncExitStack() as stack:
-            a = await start(stack, env, mode="legacy")
-            listed = {t.name: t for t in (await a.client.list_tools()).tools}
-            verbs = {v["title"]: v for v in schema["oneOf"]}
-            assert set(listed) == {*verbs, "inbox"}
-            for name, verb in verbs.items():
-                props = {k: v for k, v in verb["properties"].items() if k != "verb"}
-                assert listed[name].input_schema["properties"] == props
-                assert set(listed[name].input_schema.get("required", [])) == set(
-                    verb["required"]
-                ) - {"verb"}
-                assert listed[name].input_schema["additionalProperties"] is False
-            # Outside a plane turn no plane verb is offered, whatever the vocabulary holds.
-            assert not {"send_to", "team"} & set(listed)
-
-    asyncio.run(scenario())
+    listed = {t.name: t for t in (await a.client.list_tools()).tools}
+    verbs = {v["title"]: v for v in schema["oneOf"]}
+    assert set(listed) == {*verbs, "inbox"}
+    for name, verb in verbs.items():
+        props = {k: v for k, v in verb["properties"].items() if k != "verb"}
+        assert listed[name].input_schema["properties"] == props
+        assert set(listed[name].input_schema.get("required", [])) == set(verb["required"]) - {
+            "verb"
+        }
+        assert listed[name].input_schema["additionalProperties"] is False
+    # Outside a plane turn no plane verb is offered, whatever the vocabulary holds.
+    assert not {"send_to", "team"} & set(listed)
 
 
 def test_two_agents_find_each_other_tell_and_follow_the_receipt(
@@ -73,6 +68,8 @@ def test_two_agents_find_each_other_tell_and_follow_the_receipt(
         async with AsyncExitStack() as stack:
             a = await start(stack, env)
             b = await start(stack, env, mode="legacy")
+            for bridge in (a, b):  # both protocol eras: 2026-07-28 (a) and the handshake (b)
+                await _check_tools_are_the_schema(bridge, env)
             assert a.info["role"] == b.info["role"] == "main" and a.id != b.id
             assert (runtime_dir / "melchior" / "demo" / a.id).is_socket()
 
@@ -175,3 +172,28 @@ def test_walls_and_the_minter_ending_a_child(env: dict[str, str]) -> None:
             assert sub.id not in [e["id"] for e in (await a.call("who"))["result"]]
 
     asyncio.run(scenario())
+
+
+def test_plane_verbs_are_offered_only_inside_a_plane_turn() -> None:
+    from melchior.integrations.tools import vocabulary_tools
+    from melchior.tool import schema
+
+    doc = schema()
+    send_to = {
+        "title": "send_to",
+        "description": "leave a note for another agent; it goes when this turn ends",
+        "type": "object",
+        "properties": {"verb": {"const": "send_to"}, "who": {"type": "string"}},
+        "required": ["verb", "who"],
+        "additionalProperties": False,
+    }
+    doc = {**doc, "oneOf": [*doc["oneOf"], send_to]}
+    outside = [t.name for t in vocabulary_tools({}, doc)]
+    inside = {t.name: t for t in vocabulary_tools({"MELCHIOR_PLANE_OUTBOX": "/x"}, doc)}
+    assert "send_to" not in outside and "tell" in outside
+    assert inside["send_to"].input_schema == {
+        "type": "object",
+        "properties": {"who": {"type": "string"}},
+        "additionalProperties": False,
+        "required": ["who"],
+    }

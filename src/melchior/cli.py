@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("melchior.commands.models", "list the models your configured providers offer"),
     "mcp": ("melchior.commands.mcp", "be a coding agent's session, as an MCP server on stdio"),
     "hook": ("melchior.commands.hook", "answer a coding agent's turn hook from its bridge"),
+    "integrate": ("melchior.commands.integrate", "write the config that puts melchior in an agent"),
 }
 
 

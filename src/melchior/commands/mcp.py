@@ -71,7 +71,6 @@ def run(ns: argparse.Namespace) -> int:
 
     from melchior.integrations import settings as bridge_settings
     from melchior.integrations.bridge import Bridge
-    from melchior.integrations.mcp_server import run as serve
     from melchior.integrations.relay_caller import RelayCaller, find_credential
     from melchior.mellan.commands._common import CliError
     from melchior.names import NamingError
@@ -95,4 +94,11 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     bridge = Bridge(me, reg, talk, settings, os.environ)
     relay = RelayCaller(cred) if cred is not None else None
-    return asyncio.run(serve(bridge, relay))
+
+    async def main() -> int:
+        await bridge.start()  # first: the agent's first hook may already be looking for us
+        from melchior.integrations.mcp_server import run as serve  # the SDK: ~1 s to import
+
+        return await serve(bridge, relay)
+
+    return asyncio.run(main())

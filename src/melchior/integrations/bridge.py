@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -148,11 +149,22 @@ class Bridge:
     # -- life -----------------------------------------------------------------------------
 
     async def start(self) -> Path:
+        """Publish the session and leave the notes its hooks look for. Done before the MCP
+        SDK is even imported: the agent runs its first hook while its servers start."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._leave, sig)
         path = await self.serve.publish()
         self.notes = locate.write(
             self.reg.dir, locate.bridge_keys(self.env, os.getppid()), self.me.id
         )
         return path
+
+    def _leave(self, signum: int) -> None:
+        # The agent is ending us. The MCP SDK reads stdin in a thread that no cancellation
+        # reaches, so rather than wait on it: leave the registry clean and go now.
+        self.stop()
+        os._exit(128 + signum)
 
     def stop(self) -> None:
         """Leave the registry: our socket and our notes, never anyone else's."""
@@ -256,6 +268,10 @@ class Bridge:
         session = info.get("session_id") or info.get("thread_id")
         if isinstance(session, str):
             self.learn_session(session)
+        if event != "UserPromptSubmit" and self.turn.number == 0:
+            # Hooks are running but none marked a turn: the agent ran its first prompt's hook
+            # while this server was still starting (Codex starts servers asynchronously).
+            self.turn.begin()
         if event == "UserPromptSubmit":
             self.turn.begin()
             if self.prompt_source is not None:

@@ -47,6 +47,9 @@ MAX_FIELD = 256 * 1024
 """Longest string of the tool input passed on to the bridge (the rest is not needed)."""
 SUBJECT_KEYS = ("command", "cmd", "file_path", "notebook_path", "path", "url", "query", "patch",
                 "input")  # fmt: skip
+START_WAIT = 2.0
+"""Seconds a turn's first hook waits for a bridge that may still be starting."""
+STARTING = frozenset({"SessionStart", "UserPromptSubmit"})
 HOOK_TIMEOUT = 10.0
 """Seconds the hook waits for its bridge before giving up quietly."""
 
@@ -187,6 +190,15 @@ def run(
         print(f"melchior hook {event}: ignored unreadable input: {exc}", file=stderr)
         return 0
     found = find_bridge(env, data)
+    if found is None and event in STARTING:
+        # The agent may run its first prompt's hook while it is still starting its MCP
+        # servers (Codex starts them in the background): give the bridge a moment.
+        import time
+
+        deadline = time.monotonic() + START_WAIT
+        while found is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = find_bridge(env, data)
     if found is None:
         print(
             f"melchior hook {event}: no melchior bridge found for this agent (is 'melchior mcp' "

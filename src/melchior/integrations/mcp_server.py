@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, cast
@@ -247,19 +245,9 @@ async def serve_stdio(front: McpBridge) -> None:
 
 
 async def run(bridge: Bridge, relay: RelayCaller | None) -> int:
-    """Serve the session and the MCP server until the agent closes our stdin."""
+    """Serve the MCP server until the agent closes our stdin; the session (already
+    published, see :meth:`Bridge.start`) is served beside it and left when it ends."""
     front = McpBridge(bridge, relay)
-    loop = asyncio.get_running_loop()
-
-    def leave(signum: int) -> None:
-        # The agent is ending us. stdin's reader is a thread that no cancellation reaches,
-        # so rather than wait on it: leave the registry clean and go now.
-        bridge.stop()
-        os._exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, leave, sig)
-    await bridge.start()
     try:
         async with asyncio.TaskGroup() as tg:
             watch = tg.create_task(bridge.serve.watch())
