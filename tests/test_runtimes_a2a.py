@@ -40,9 +40,9 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from melchior.envelope import Message as Envelope
-from melchior.policy.hops import Chain
+from melchior.policy.hops import HOPS_URI, Chain
 from melchior.runtimes import RuntimeConfigError, Turn, TurnResult, runtime_for
-from melchior.runtimes.a2a import HOPS_URI, outbound_message
+from melchior.runtimes.a2a import outbound_message
 from runtimes_kit import Sink, run, wait_for
 
 TOKEN = "a2a_test.0123456789abcdef0123456789abcdef"

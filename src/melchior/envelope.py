@@ -133,6 +133,27 @@ def refusal(decision: Decision, *, code: str = "refused", **detail: Any) -> Refu
     return Refused(decision.reason, code, {"rule": decision.rule, "receipt": REFUSED, **detail})
 
 
+def deny(rule: str, reason: str, *, code: str | None = None, **detail: Any) -> Refused:
+    """A refusal that is not a policy rule but a malformed or impossible request (bad
+    arguments, an unknown verb, a harness that is gone), still made a :class:`Decision`
+    so that every refusal on every wire names its rule; ``code`` defaults to the rule."""
+    return refusal(Decision(False, rule, reason), code=code or rule, **detail)
+
+
+def receipt_from(entry: Mapping[str, Any]) -> Receipt:
+    """The receipt a reply entry carries (``{"receipt": kind, ...}``), checked: a kind
+    that is not one of :data:`RECEIPT_KINDS` is a broken peer, not a receipt."""
+    kind = entry.get("receipt")
+    if not isinstance(kind, str) or kind not in RECEIPT_KINDS:
+        raise ValueError(f"{kind!r} is not a receipt kind")
+    mid = entry.get("message_id")
+    detail = {k: v for k, v in entry.items() if k not in ("receipt", "message_id")}
+    if kind == REFUSED:
+        rule, reason = detail.pop("rule", "refused"), detail.pop("reason", "refused")
+        return Receipt(REFUSED, mid, Decision(False, str(rule), str(reason)), detail or None)
+    return Receipt(kind, mid if isinstance(mid, str) else None, None, detail or None)
+
+
 def check(decision: Decision, *, code: str = "refused") -> Decision:
     """Pass an allowing decision through; raise the wire refusal of a refusing one."""
     if not decision.allowed:

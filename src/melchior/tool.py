@@ -19,8 +19,23 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from melchior import names
-from melchior.envelope import TELL_SORTS
+from melchior.envelope import (
+    ANSWERED,
+    DELIVERED,
+    REFUSED,
+    TELL_SORTS,
+    Message,
+    Receipt,
+    check,
+    deny,
+    receipt,
+    receipt_from,
+    refusal,
+    refused_receipt,
+)
+from melchior.policy.decision import Decision
 from melchior.policy.hops import Chain, check_hop, first_hop, next_hop
+from melchior.policy.local import callee_answers, minter_ends
 from melchior.policy.walls import Talk, between
 from melchior.session.identity import Identity, for_tool
 from melchior.session.registry import Registry
@@ -179,15 +194,15 @@ class Context:
 
     def need_me(self, verb: str) -> Identity:
         if self.me is None:
-            raise Refused(
-                f"'{verb}' needs to know which session you are: {names.ENV_ID} is not set",
+            raise deny(
                 "anonymous",
+                f"'{verb}' needs to know which session you are: {names.ENV_ID} is not set",
             )
         if not self.reg.is_listed(self.me.id):
-            raise Refused(
+            raise deny(
+                "not-serving",
                 f"your session {self.me.id} is not listening in project {self.reg.project!r}; "
                 "is its 'melchior serve' running?",
-                "not-serving",
             )
         return self.me
 
@@ -200,20 +215,15 @@ class Context:
         except names.NamingError as exc:
             raise Usage(str(exc)) from None
         if not self.reg.is_listed(who):
-            raise Refused(
+            raise deny(
+                "unknown",
                 f"no session {who} in project {self.reg.project!r}; 'melchior tool --verb=who' "
                 "lists the ones you can reach",
-                "unknown",
-                {"receipt": "refused"},
             )
         if self.me is not None:
             me = self.reg.session(self.me.id)
             target = self.reg.session(who)
-            decision = between(me, target, self.reg.ancestry_tree(me, target), self.talk)
-            if not decision.allowed:
-                raise Refused(
-                    decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"}
-                )
+            check(between(me, target, self.reg.ancestry_tree(me, target), self.talk))
         return who
 
     def call(self, who: str, verb: str, args: list[Any], **extra: Any) -> list[Any]:
@@ -223,7 +233,20 @@ class Context:
         try:
             return call_once(self.reg.path(who), verb, args, sender=self.sender, who=who, **extra)
         except Unreachable as exc:
-            raise Refused(exc.reason, exc.code, {"receipt": "refused"}) from None
+            raise deny(exc.code, exc.reason) from None
+
+    def message(
+        self, who: str | None, text: str, sort: str, chain: Chain, about: str | None = None
+    ) -> Message:
+        """A message from this session to ``who`` (checked to be an id), on ``chain``."""
+        if who is None:
+            raise Usage(f"'{_VERB_OF.get(sort, 'tell')}' needs --who=<id>")
+        try:
+            names.check_id(who)
+        except names.NamingError as exc:
+            raise Usage(str(exc)) from None
+        sender = self.sender or names.ANONYMOUS
+        return Message(sender, who, text, sort, chain, about=about)
 
     def chain(self, raw: str | None) -> Chain:
         """The chain a new message travels on: the next hop of what we are answering."""
@@ -245,10 +268,53 @@ class Context:
     def next_of(self, received: Chain) -> Chain:
         """The chain of our message in answer to ``received``: one hop further, if allowed."""
         chain = next_hop(received, self.sender or names.ANONYMOUS)
-        decision = check_hop(chain)
-        if not decision.allowed:
-            raise Refused(decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"})
+        check(check_hop(chain))
         return chain
+
+
+class SocketDelivery:
+    """The local socket as an :class:`~melchior.envelope.Delivery`: the walls are checked on
+    the sender's side before anything is sent (the recipient's serve checks again), and the
+    receipt is the recipient's own — ``delivered``, ``queued`` (its harness is busy) or a
+    refusal naming its rule. The sort says which socket verb carries the message."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def deliver(self, message: Message) -> Receipt:
+        chain = {} if message.chain is None else {"chain": message.chain.as_dict()}
+        try:
+            who = self.ctx.reach(message.recipient, verb=_VERB_OF.get(message.sort, "tell"))
+            if message.sort == "question":
+                result = self.ctx.call(who, "ask", [message.text], **chain)
+            elif message.sort == "answer":
+                result = self.ctx.call(who, "answer", [message.about, message.text], **chain)
+            else:
+                result = self.ctx.call(who, "tell", [message.text, message.sort], **chain)
+        except Refused as exc:
+            return Receipt(REFUSED, message.message_id, refused_decision(exc), {"code": exc.code})
+        if not result or not isinstance(result[0], dict):
+            raise deny("bad-reply", f"{message.recipient} answered without a receipt")
+        try:
+            return receipt_from(result[0])
+        except ValueError as exc:
+            raise deny("bad-reply", f"{message.recipient} sent a broken receipt: {exc}") from None
+
+
+_VERB_OF = {"question": "ask", "answer": "answer"}
+
+
+def refused_decision(exc: Refused) -> Decision:
+    """The decision a wire refusal carries (its rule, or its code when it names none)."""
+    return Decision(False, str(exc.detail.get("rule", exc.code)), exc.reason)
+
+
+def delivered(got: Receipt) -> Receipt:
+    """A receipt for the tool's reply; a refused one becomes the tool's refusal (exit 1)."""
+    if got.decision is not None:
+        code = str((got.detail or {}).get("code", "refused"))
+        raise refusal(got.decision, code=code)
+    return got
 
 
 def _handle(about: str) -> tuple[str, str]:
@@ -310,10 +376,9 @@ def verb_tell(ctx: Context, req: Request) -> list[Any]:
             "through 'ask' and reports through 'report'"
         )
     chain = ctx.chain(req.chain)
-    who = ctx.reach(req.who, verb="tell")
-    args: list[Any] = [req.message, req.sort or "attention"]
-    result = ctx.call(who, "tell", args, chain=chain.as_dict())
-    return [{**r, "who": who, **chain.as_dict()} for r in result]
+    note = ctx.message(req.who, req.message, req.sort or "attention", chain)
+    got = delivered(SocketDelivery(ctx).deliver(note))
+    return [{**got.as_dict(), "who": note.recipient, **chain.as_dict()}]
 
 
 def verb_ask(ctx: Context, req: Request) -> list[Any]:
@@ -321,9 +386,9 @@ def verb_ask(ctx: Context, req: Request) -> list[Any]:
     if req.message is None:
         raise Usage("'ask' needs --message=<text>")
     chain = ctx.chain(req.chain)
-    who = ctx.reach(req.who, verb="ask")
-    result = ctx.call(who, "ask", [req.message], chain=chain.as_dict())
-    return [{**r, "who": who} for r in result]
+    question = ctx.message(req.who, req.message, "question", chain)
+    got = delivered(SocketDelivery(ctx).deliver(question))
+    return [{**got.as_dict(), "who": question.recipient}]
 
 
 def verb_answer(ctx: Context, req: Request) -> list[Any]:
@@ -331,17 +396,12 @@ def verb_answer(ctx: Context, req: Request) -> list[Any]:
     if req.about is None or req.message is None:
         raise Usage("'answer' needs --about=<id@message-id> and --message=<text>")
     callee, _mid = _handle(req.about)
-    if callee != me.id:
-        raise Refused(
-            f"{req.about} was asked of {callee}, not of you ({me.id}); only {callee} can answer",
-            "refused",
-            {"rule": "callee-answers", "receipt": "refused"},
-        )
+    check(callee_answers(req.about, callee, me.id))
     known = ctx.call(me.id, "task", [req.about])
     asked = known[0] if known and isinstance(known[0], dict) else {}
     asker = asked.get("asker")
     if not isinstance(asker, str):
-        raise Refused(f"no one is waiting for an answer to {req.about}", "unknown-task")
+        raise deny("unknown-task", f"no one is waiting for an answer to {req.about}")
     # The answer travels one hop further than the question did, on the same chain.
     question = asked.get("chain")
     chain = (
@@ -349,9 +409,9 @@ def verb_answer(ctx: Context, req: Request) -> list[Any]:
         if isinstance(question, dict) and req.chain is None
         else ctx.chain(req.chain)
     )
-    ctx.reach(asker, verb="answer")
-    result = ctx.call(asker, "answer", [req.about, req.message], chain=chain.as_dict())
-    return [{**r, "about": req.about, "who": asker, **chain.as_dict()} for r in result]
+    reply = ctx.message(asker, req.message, "answer", chain, about=req.about)
+    got = delivered(SocketDelivery(ctx).deliver(reply))
+    return [{**got.as_dict(), "about": req.about, "who": asker, **chain.as_dict()}]
 
 
 def verb_task(ctx: Context, req: Request) -> list[Any]:
@@ -380,10 +440,10 @@ def verb_task(ctx: Context, req: Request) -> list[Any]:
             raise
     else:
         if mine and mine[0].get("state") == "answered":
-            return [{**mine[0], "receipt": "answered"}]
+            return [{**mine[0], **receipt(ANSWERED).as_dict()}]
     ctx.reach(callee, verb="task")
     theirs = ctx.call(callee, "task", [req.about])
-    return [{"about": req.about, "state": "pending", "receipt": "delivered", **theirs[0]}]
+    return [{"about": req.about, "state": "pending", **receipt(DELIVERED).as_dict(), **theirs[0]}]
 
 
 def verb_report(ctx: Context, req: Request) -> list[Any]:
@@ -396,7 +456,7 @@ def verb_report(ctx: Context, req: Request) -> list[Any]:
     who = ctx.need_me("report").id if req.who is None else ctx.reach(req.who, verb="report")
     report = reports.read(ctx.reg, who)
     if report is None:
-        raise Refused(f"{who} has not stored a report", "no-report")
+        raise deny("no-report", f"{who} has not stored a report")
     try:
         return [report.whole() if req.about == "json" else report.page(req.page or 1)]
     except reports.ReportError as exc:
@@ -417,13 +477,13 @@ def _submit_report(ctx: Context, req: Request) -> list[Any]:
         )
         report = reports.submit(ctx.reg, me.id, text)
     except reports.ReportError as exc:
-        raise Refused(str(exc), "bad-report") from None
+        raise deny("bad-report", str(exc)) from None
     notified: dict[str, Any] | None = None
     if me.parent is not None:
         try:
             notified = ctx.call(me.parent, "report", [report.revision, report.sha256])[0]
         except Refused as exc:
-            notified = {"receipt": "refused", "reason": exc.reason, "code": exc.code}
+            notified = {**refused_receipt(refused_decision(exc)).as_dict(), "code": exc.code}
     return [
         {
             "who": me.id,
@@ -441,13 +501,8 @@ def verb_end(ctx: Context, req: Request) -> list[Any]:
     if req.who is None:
         raise Usage("'end' needs --who=<id>")
     minted = ctx.reg.minted(me.id, req.who)
-    if minted is None:
-        raise Refused(
-            f"you ({me.id}) did not start {req.who}; only the session that minted a child "
-            "with 'melchior fork' can end it",
-            "refused",
-            {"rule": "minter-ends", "receipt": "refused"},
-        )
+    check(minter_ends(me.id, req.who, minted is not None))
+    assert minted is not None
     who = ctx.reach(req.who, verb="end")
     result = ctx.call(who, "end", [minted.token])
     return [{**r, "who": who} for r in result]
@@ -494,5 +549,5 @@ def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
     try:
         ctx = context(environ, Path.cwd())
     except (names.NamingError, IdentityError, ConfigError) as exc:
-        raise Refused(str(exc), "setup") from None
+        raise deny("setup", str(exc)) from None
     return handler(ctx, req)

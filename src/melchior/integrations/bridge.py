@@ -39,7 +39,7 @@ from melchior.integrations.hooks import (
     pre_tool_output,
     stop_output,
 )
-from melchior.integrations.inbox import WAKING_SORTS, Entry, Inbox, InboxOutput
+from melchior.integrations.inbox import WAKING_SORTS, Entry, Inbox
 from melchior.integrations.settings import Settings
 from melchior.integrations.taint import TaintWindow
 from melchior.policy.decision import refuse
@@ -49,7 +49,7 @@ from melchior.policy.turn_quota import may_send
 from melchior.policy.walls import Session, Talk
 from melchior.session.identity import Identity
 from melchior.session.registry import Registry
-from melchior.session.serve import Serve, split_about
+from melchior.session.serve import Output, Serve, split_about
 from melchior.tool import ENV_CHAIN, Usage, perform
 from melchior.wire.codec import JSONObject
 from melchior.wire.envelope import Refused, ok, refused
@@ -136,7 +136,7 @@ class Bridge:
         self.settings = settings
         self.env = dict(env)
         self.inbox = Inbox()
-        self.serve = BridgeServe(me, reg, talk, InboxOutput(self.inbox, me.address), self)
+        self.serve = BridgeServe(me, reg, talk, self)
         self.turn = Turn()
         self.taint = TaintWindow(settings.taint_calls, settings.rules)
         self.base_chain = deeper(
@@ -337,13 +337,27 @@ class Bridge:
         }
 
 
-class BridgeServe(Serve):
-    """serve's answers for a bridged session: same verbs, receipts that know the model."""
+class QuietOutput(Output):
+    """No pipe: a bridge's harness is the MCP client, and what serve would tell a pipe
+    harness (``listening``, ``end``) the bridge knows itself. Never writes to stdout,
+    which is the MCP wire."""
 
-    def __init__(
-        self, me: Identity, reg: Registry, talk: Talk, out: InboxOutput, bridge: Bridge
-    ) -> None:
-        super().__init__(me, reg, talk, out)
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    async def send(self, msg: JSONObject) -> None:
+        return None
+
+
+class BridgeServe(Serve):
+    """serve's answers for a bridged session: same verbs, receipts that know the model.
+
+    Its harness is the bridge's :class:`~.inbox.Inbox` (an AsyncDelivery, as serve's
+    pipe harness is), so a message is ``queued`` until the model reads it."""
+
+    def __init__(self, me: Identity, reg: Registry, talk: Talk, bridge: Bridge) -> None:
+        super().__init__(me, reg, talk, QuietOutput())
+        self.harness = bridge.inbox
         self.bridge = bridge
 
     async def on_call(self, verb: str, args: list[Any], msg: JSONObject) -> list[Any]:

@@ -7,10 +7,11 @@ prints it into the context), by the ``inbox`` tool, or by a channel notification
 operator enabled. The inbox remembers which message ids went which way, so a sender
 following ``<id>@<message-id>`` with ``task`` learns the truth later.
 
-:class:`Inbox` is one more :class:`~melchior.envelope.AsyncDelivery`: the session's
-serve hands it a :class:`~melchior.envelope.Message` and gets a
-:class:`~melchior.envelope.Receipt` back. Everything is bounded: the number and bytes
-of waiting messages (a full inbox refuses, saying so) and the delivery record.
+:class:`Inbox` is one more :class:`~melchior.envelope.AsyncDelivery`: it stands where
+``melchior serve``'s pipe harness stands (``Serve.harness``), so serve hands it a
+:class:`~melchior.envelope.Message` and gets a :class:`~melchior.envelope.Receipt` back.
+Everything is bounded: the number and bytes of waiting messages (a full inbox refuses,
+saying so) and the delivery record.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from melchior.envelope import (
     DELIVERED,
@@ -27,13 +28,9 @@ from melchior.envelope import (
     Message,
     Receipt,
     receipt,
-    refusal,
     refused_receipt,
 )
 from melchior.policy.decision import refuse
-from melchior.policy.hops import Chain
-from melchior.session.serve import Output
-from melchior.wire.codec import JSONObject
 
 MAX_WAITING = 256
 """Messages an inbox keeps for the model before it refuses more."""
@@ -177,50 +174,3 @@ def _keys(message: Message) -> list[str]:
     if message.about and message.sort == "question":
         out.append(message.about)
     return out
-
-
-def message_from_event(fields: JSONObject, recipient: str) -> Message:
-    """The envelope of a serve ``{"event":"message",…}``: one shape for every transport."""
-    chain = None
-    if isinstance(fields.get("chain"), str):
-        try:
-            chain = Chain.from_dict(
-                {"chain": fields["chain"], "hop": fields.get("hop"), "path": fields.get("path", [])}
-            )
-        except ValueError:
-            chain = None
-    extra: dict[str, Any] = {
-        k: fields[k] for k in ("from", "revision", "sha256") if fields.get(k) is not None
-    }
-    return Message(
-        sender=str(fields.get("who", "?")),
-        recipient=recipient,
-        text=str(fields.get("text", "")),
-        sort=str(fields.get("sort", "attention")),
-        chain=chain,
-        message_id=fields.get("message_id") if isinstance(fields.get("message_id"), str) else None,
-        about=fields.get("about") if isinstance(fields.get("about"), str) else None,
-        metadata=extra,
-    )
-
-
-class InboxOutput(Output):
-    """serve's harness pipe, for a bridge: messages go into the inbox, not to stdout.
-
-    Returning the inbox's receipt kind makes serve's receipt truthful: ``queued`` until
-    the model reads it. A full inbox is a refusal the sender sees with its reason.
-    """
-
-    def __init__(self, inbox: Inbox, recipient: str) -> None:
-        super().__init__(None)
-        self.inbox = inbox
-        self.recipient = recipient
-
-    async def send(self, msg: JSONObject) -> str | None:
-        if msg.get("event") != "message":
-            return None  # listening/end are for a pipe harness; the bridge knows them itself
-        got = await self.inbox.deliver(message_from_event(msg, self.recipient))
-        if got.refused:
-            assert got.decision is not None
-            raise refusal(got.decision)
-        return got.kind

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from melchior.policy.hops import HOPS_URI
+from melchior.a2a_envelope import text_of, to_a2a
+from melchior.envelope import Message
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -167,21 +167,17 @@ class A2AOptions:
 def outbound_message(turn: Turn) -> dict[str, Any]:
     """The A2A ``Message`` (JSON) this turn sends: the envelope's parts verbatim, or
     the prompt as text; its metadata plus the hop chain; the session's task/context."""
-    env = turn.message
-    parts = list(env.parts) if env is not None and env.parts else [{"text": turn.prompt}]
-    msg: dict[str, Any] = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": parts}
-    metadata = dict(env.metadata or {}) if env is not None else {}
-    if env is not None and env.chain is not None:
-        metadata[HOPS_URI] = env.chain.as_dict()
-    if metadata:
-        msg["metadata"] = metadata
+    env = turn.message or Message("", "", turn.prompt)
+    about, context = None, None
     if turn.session:
         kind, sep, ident = turn.session.partition(":")
         if sep and kind == "task":
-            msg["taskId"] = ident
+            about = ident
         else:
-            msg["contextId"] = ident if sep and kind == "context" else turn.session
-    return msg
+            context = ident if sep and kind == "context" else turn.session
+    parts = env.parts or ({"text": turn.prompt},)
+    # a fresh messageId per forwarded turn; the rest is the one A2A form of the envelope
+    return to_a2a(env._replace(parts=parts, message_id=None, about=about, context=context))
 
 
 # -- following one task ----------------------------------------------------------------------------
@@ -192,10 +188,6 @@ def _to_dict(pb: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = MessageToDict(pb)
     return out
-
-
-def _texts(parts: list[dict[str, Any]]) -> str:
-    return "\n".join(str(p["text"]) for p in parts if isinstance(p.get("text"), str))
 
 
 class _Follow:
@@ -230,8 +222,8 @@ class _Follow:
                 await self.emit(Progress("status", f"the agent's task is {_short(self.state)}"))
         if isinstance(msg, dict):
             self.status_message = msg
-            if not self.final and _texts(msg.get("parts") or []):
-                await self.emit(Progress("status", _texts(msg.get("parts") or [])))
+            if not self.final and text_of(msg.get("parts") or []):
+                await self.emit(Progress("status", text_of(msg.get("parts") or [])))
 
     async def event(self, ev: dict[str, Any]) -> None:
         if "task" in ev:
@@ -261,7 +253,7 @@ class _Follow:
                 body["append"] = True
             if "lastChunk" in upd:
                 body["lastChunk"] = bool(upd["lastChunk"])
-            await self.emit(Progress("artifact", _texts(art.get("parts") or []), body))
+            await self.emit(Progress("artifact", text_of(art.get("parts") or []), body))
 
     def session(self) -> str | None:
         if self.state in ("TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED") and self.task_id:
@@ -273,7 +265,7 @@ class _Follow:
         session = self.session()
         msg = self.reply if self.reply is not None else self.status_message
         parts: list[dict[str, Any]] = list((msg or {}).get("parts") or [])
-        text = _texts(parts) or "\n".join(_texts(a.get("parts") or []) for a in artifacts)
+        text = text_of(parts) or "\n".join(text_of(a.get("parts") or []) for a in artifacts)
         if parts and any("text" not in p for p in parts):  # keep structure a text cannot hold
             artifacts = (*artifacts, {"artifactId": "reply", "name": "reply", "parts": parts})
         common: dict[str, Any] = {"artifacts": artifacts, "session": session, "path": "forwarded"}

@@ -26,9 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from melchior import names
-from melchior.envelope import TELL_SORTS
-from melchior.policy.fence import fence_new
+from melchior.envelope import (
+    DELIVERED,
+    QUEUED,
+    TELL_SORTS,
+    AsyncDelivery,
+    Message,
+    Receipt,
+    check,
+    deny,
+    receipt,
+    refusal,
+    refused_receipt,
+)
+from melchior.policy.decision import refuse
 from melchior.policy.hops import Chain, check_hop, first_hop
+from melchior.policy.local import answered_once, callee_answers, children_report, token_ends
 from melchior.policy.walls import Session, Talk, between
 from melchior.session.client import peer_uid
 from melchior.session.identity import Identity, same_secret
@@ -55,7 +68,7 @@ def split_about(about: Any) -> tuple[str, str]:
     try:
         return names.split_handle(about)
     except names.NamingError as exc:
-        raise Refused(str(exc), "bad-args") from None
+        raise deny("bad-args", str(exc)) from None
 
 
 @dataclass
@@ -141,15 +154,11 @@ class Output:
             return cls(None)  # a regular file: plain blocking writes are fine
         return cls(asyncio.StreamWriter(transport, protocol, None, loop))
 
-    async def send(self, msg: JSONObject) -> str | None:
-        """Hand ``msg`` to the harness. Returns None: the pipe cannot tell whether the
-        harness's model has read it, so the receipt follows the harness's busy flag. An
-        Output that does know (the MCP bridge's inbox) returns the receipt kind instead."""
+    async def send(self, msg: JSONObject) -> None:
         if self._writer is None:
             lines.write_sync(sys.stdout.buffer, msg)
         else:
             await lines.write(self._writer, msg)
-        return None
 
 
 class Serve:
@@ -161,6 +170,8 @@ class Serve:
         self.talk = talk
         self.out = out
         self.state = State()
+        # Any AsyncDelivery may stand in (the MCP bridge's inbox): serve only hands it messages.
+        self.harness: AsyncDelivery = Harness(out, self.state, me.id)
         self.published: Published | None = None
         self.done = asyncio.Event()
         self.ended_by: str | None = None
@@ -256,14 +267,14 @@ class Serve:
         if sender is None:
             return None
         if not isinstance(sender, str) or not names.is_id(sender):
-            raise Refused(f"'from' must be a session id, got {sender!r}", "bad-from")
+            raise deny("bad-from", f"'from' must be a session id, got {sender!r}")
         if sender == self.me.id:
             return self.me.session()
         if not self.reg.is_listed(sender):
-            raise Refused(
+            raise deny(
+                "unknown-sender",
                 f"the caller says it is {sender}, but no session {sender} is listening in "
                 f"project {self.me.project!r}",
-                "unknown-sender",
             )
         return self.reg.session(sender)
 
@@ -275,23 +286,17 @@ class Serve:
     async def on_call(self, verb: str, args: list[Any], msg: JSONObject) -> list[Any]:
         spec = BY_NAME.get(verb)
         if spec is None:
-            raise Refused(
-                f"unknown verb {verb!r}; this session answers {', '.join(BY_NAME)}",
-                "unknown-verb",
+            raise deny(
+                "unknown-verb", f"unknown verb {verb!r}; this session answers {', '.join(BY_NAME)}"
             )
         caller = self._caller(msg)
         if caller is None and not spec.anonymous:
-            raise Refused(
-                f"'{verb}' needs to know who is calling: put your session id in 'from'",
-                "anonymous",
+            raise deny(
+                "anonymous", f"'{verb}' needs to know who is calling: put your session id in 'from'"
             )
         if caller is not None:
             me = self.me.session()
-            decision = between(caller, me, self.reg.ancestry_tree(caller, me), self.talk)
-            if not decision.allowed:
-                raise Refused(
-                    decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"}
-                )
+            check(between(caller, me, self.reg.ancestry_tree(caller, me), self.talk))
         handler = getattr(self, f"verb_{verb}")
         try:
             result: list[Any] = await handler(args, msg, caller)
@@ -300,9 +305,7 @@ class Serve:
         except Exception as exc:
             # A bug must still be a reply: a dropped connection would look like "dead".
             print(f"melchior serve: {verb} failed: {exc!r}", file=sys.stderr)
-            raise Refused(
-                f"{self.me.id} failed while answering {verb!r}: {exc}", "internal"
-            ) from None
+            raise deny("internal", f"{self.me.id} failed while answering {verb!r}: {exc}") from None
         return result
 
     # -- verbs ------------------------------------------------------------------------------
@@ -330,51 +333,56 @@ class Serve:
         if raw is None:
             return first_hop(caller.id if caller is not None else names.ANONYMOUS)
         if not isinstance(raw, dict):
-            raise Refused("'chain' must be an object {chain, hop, path}", "bad-chain")
+            raise deny("bad-chain", "'chain' must be an object {chain, hop, path}")
         try:
             chain = Chain.from_dict(raw)
         except ValueError as exc:
-            raise Refused(f"bad 'chain': {exc}", "bad-chain") from None
-        decision = check_hop(chain)
-        if not decision.allowed:
-            raise Refused(decision.reason, "refused", {"rule": decision.rule, "receipt": "refused"})
+            raise deny("bad-chain", f"bad 'chain': {exc}") from None
+        check(check_hop(chain))
         return chain
 
-    async def _deliver(self, caller: Session | None, sort: str, text: str, **extra: Any) -> str:
-        """Hand one message to the harness; the receipt says truthfully where it now is."""
-        who = self._address(caller)
-        fenced = fence_new(text, who, sort)
-        fields: JSONObject = {"who": who, "sort": sort, "text": text}
-        fields["from"] = caller.id if caller is not None else None
-        fields.update(extra)
-        fields["fenced"] = fenced.text
-        try:
-            kind = await self.out.send(event("message", **fields))
-        except (ConnectionError, OSError) as exc:
-            raise Refused(
-                f"{self.me.id}'s harness is gone ({exc}); the message was not delivered",
-                "harness-gone",
-                {"receipt": "refused"},
-            ) from None
-        if kind is not None:
-            return kind
-        # Busy: the harness holds it until the current work is done.
-        return "queued" if self.state.busy else "delivered"
+    async def _deliver(self, message: Message) -> Receipt:
+        """Hand one message to the harness; a gone harness is a refusal, never a receipt."""
+        got = await self.harness.deliver(message)
+        if got.decision is not None:
+            raise refusal(got.decision, code=got.decision.rule)
+        return got
+
+    def _message(
+        self,
+        caller: Session | None,
+        sort: str,
+        text: str,
+        *,
+        chain: Chain | None = None,
+        message_id: str | None = None,
+        about: str | None = None,
+        **metadata: Any,
+    ) -> Message:
+        return Message(
+            sender=self._address(caller),
+            recipient=self.me.id,
+            text=text,
+            sort=sort,
+            chain=chain,
+            message_id=message_id,
+            about=about,
+            metadata={"from": caller.id if caller is not None else None, **metadata},
+        )
 
     async def verb_tell(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 1, 2, "tell takes [text, sort?]")
         text = _text(args[0])
         sort = args[1] if len(args) > 1 and args[1] is not None else "attention"
         if sort not in TELL_SORTS:
-            raise Refused(
+            raise deny(
+                "bad-args",
                 f"sort {sort!r} is not one of {', '.join(TELL_SORTS)}; questions go through "
                 "'ask' and reports through 'report'",
-                "bad-args",
             )
         chain = self._chain(msg, caller)
-        mid = new_message_id()
-        receipt = await self._deliver(caller, sort, text, message_id=mid, **chain.as_dict())
-        return [{"receipt": receipt, "message_id": mid}]
+        message = self._message(caller, sort, text, chain=chain, message_id=new_message_id())
+        return [(await self._deliver(message)).as_dict()]
 
     async def verb_ask(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 1, 1, "ask takes [text]")
@@ -384,10 +392,9 @@ class Serve:
         mid = new_message_id()
         about = f"{self.me.id}@{mid}"
         self.state.questions[about] = (caller.id, chain)
-        receipt = await self._deliver(
-            caller, "question", text, message_id=mid, about=about, **chain.as_dict()
-        )
-        return [{"receipt": receipt, "about": about, "message_id": mid}]
+        message = self._message(caller, "question", text, chain=chain, message_id=mid, about=about)
+        got = await self._deliver(message)
+        return [{**got.as_dict(), "about": about}]
 
     async def verb_answer(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 2, 2, "answer takes [about, text]")
@@ -395,22 +402,12 @@ class Serve:
         about = args[0]
         callee, _mid = split_about(about)
         text = _text(args[1])
-        if callee != caller.id:
-            raise Refused(
-                f"only {callee} can answer {about}; you are {caller.id}",
-                "refused",
-                {"rule": "callee-answers", "receipt": "refused"},
-            )
-        if about in self.state.answers:
-            raise Refused(
-                f"{about} is already answered",
-                "refused",
-                {"rule": "answered-once", "receipt": "refused"},
-            )
-        extra = self._chain(msg, caller).as_dict() if "chain" in msg else {}
+        check(callee_answers(about, callee, caller.id))
+        check(answered_once(about, about in self.state.answers))
+        chain = self._chain(msg, caller) if "chain" in msg else None
         self.state.answers[about] = {"who": self._address(caller), "text": text}
-        await self._deliver(caller, "answer", text, about=about, **extra)
-        return [{"receipt": "delivered"}]
+        await self._deliver(self._message(caller, "answer", text, chain=chain, about=about))
+        return [receipt(DELIVERED).as_dict()]
 
     async def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 1, 1, "task takes [about]")
@@ -424,70 +421,97 @@ class Serve:
         if asked is not None and caller.id in (asked[0], self.me.id):
             asker, chain = asked
             return [{"about": about, "state": "pending", "asker": asker, "chain": chain.as_dict()}]
-        raise Refused(f"{self.me.id} knows of no question {about} asked by you", "unknown-task")
+        raise deny("unknown-task", f"{self.me.id} knows of no question {about} asked by you")
 
     async def verb_report(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 2, 2, "report takes [revision, sha256]")
         assert caller is not None
         revision, digest = args
         if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
-            raise Refused("revision must be a whole number of at least 1", "bad-args")
+            raise deny("bad-args", "revision must be a whole number of at least 1")
         if not isinstance(digest, str) or len(digest) != 64:
-            raise Refused("sha256 must be 64 hex digits", "bad-args")
-        if caller.parent != self.me.id:
-            raise Refused(
-                f"{caller.id} is not a child of {self.me.id}; only children report to a parent",
-                "refused",
-                {"rule": "children-report", "receipt": "refused"},
-            )
+            raise deny("bad-args", "sha256 must be 64 hex digits")
+        check(children_report(caller.id, caller.parent, self.me.id))
         text = (
             f"{caller.id} stored report revision {revision}; read it with "
             f"'melchior tool --verb=report --who={caller.id}'"
         )
-        await self._deliver(caller, "report", text, revision=revision, sha256=digest)
-        return [{"receipt": "delivered"}]
+        note = self._message(caller, "report", text, revision=revision, sha256=digest)
+        await self._deliver(note)
+        return [receipt(DELIVERED).as_dict()]
 
     async def verb_end(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 1, 1, "end takes [token]")
         token = args[0]
-        if self.me.token is None:
-            raise Refused(
-                f"{self.me.id} was not started by 'melchior fork'; only its harness can end it",
-                "refused",
-                {"rule": "token", "receipt": "refused"},
-            )
-        if not isinstance(token, str) or not same_secret(token, self.me.token):
-            raise Refused(
-                f"that is not {self.me.id}'s token; only the session that minted it can end it",
-                "refused",
-                {"rule": "token", "receipt": "refused"},
-            )
+        mine = self.me.token
+        matches = mine is not None and isinstance(token, str) and same_secret(token, mine)
+        check(token_ends(self.me.id, mine is not None, matches))
         self.ended_by = self._address(caller)
         asyncio.get_running_loop().call_soon(self.done.set)
         return [{"ending": True}]
 
 
+class Harness:
+    """The pipe to this session's harness, as an :class:`~melchior.envelope.AsyncDelivery`.
+
+    A message handed to it is ``delivered`` — or ``queued`` when the harness last said it
+    is busy: it has the message either way, and will read it after the current work.
+    Peer text is fenced here, by the envelope, for every sort; a harness that is gone
+    is a refusal (``harness-gone``), never a receipt that something landed."""
+
+    def __init__(self, out: Output, state: State, me: str) -> None:
+        self.out = out
+        self.state = state
+        self.me = me
+
+    async def deliver(self, message: Message) -> Receipt:
+        meta = dict(message.metadata or {})
+        fields: JSONObject = {
+            "who": message.sender,
+            "sort": message.sort,
+            "text": message.text,
+            "from": meta.pop("from", None),
+        }
+        if message.message_id is not None:
+            fields["message_id"] = message.message_id
+        if message.about is not None:
+            fields["about"] = message.about
+        if message.chain is not None:
+            fields.update(message.chain.as_dict())
+        fields.update(meta)
+        fields["fenced"] = message.fenced().text
+        try:
+            await self.out.send(event("message", **fields))
+        except (ConnectionError, OSError) as exc:
+            gone = refuse(
+                "harness-gone",
+                f"{self.me}'s harness is gone ({exc}); the message was not delivered",
+            )
+            return refused_receipt(gone, message.message_id)
+        return receipt(QUEUED if self.state.busy else DELIVERED, message.message_id)
+
+
 def _arity(args: list[Any], low: int, high: int, usage: str) -> None:
     if not low <= len(args) <= high:
-        raise Refused(f"{usage}; got {len(args)} argument(s)", "bad-args")
+        raise deny("bad-args", f"{usage}; got {len(args)} argument(s)")
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise Refused("the message text must be a non-empty string", "bad-args")
+        raise deny("bad-args", "the message text must be a non-empty string")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise Refused(
+        raise deny(
+            "bad-args",
             f"the message text holds a lone surrogate at character {exc.start}; it is not "
             "Unicode text",
-            "bad-args",
         ) from None
     if size > MAX_TEXT:
-        raise Refused(
+        raise deny(
+            "too-large",
             f"the message is {size} bytes, over the {MAX_TEXT}-byte limit; "
             "put long text in a report instead",
-            "too-large",
         )
     return value
 

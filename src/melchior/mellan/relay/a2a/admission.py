@@ -148,7 +148,8 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
         _refuse(store, caller, decision.rule, decision.reason, detail)
     capability = chosen_capability(capability, granted & declared)
 
-    chain = hops.chain_of(p.subject, req.message.get("metadata"), req.metadata)
+    chain = hops.envelope_of(p.subject, target.agent, req.message, req.metadata).chain
+    assert chain is not None  # an A2A message always travels on a chain (hop 1 by default)
     try:
         hops.check(chain)
     except HopLimit as exc:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from melchior.a2a_envelope import from_a2a
+from melchior.envelope import Message
 from melchior.mellan.relay.a2a.errors import HopLimit, InvalidParams
-from melchior.policy.hops import HOPS_URI, MAX_HOPS, Chain, check_hop, first_hop
+from melchior.policy.hops import HOPS_URI, MAX_HOPS, Chain, check_hop
 
 EXTENSION = {
     "uri": HOPS_URI,
@@ -26,25 +28,16 @@ EXTENSION = {
 }
 
 
-def chain_of(caller: str, *metadatas: Mapping[str, Any] | None) -> Chain:
-    """The chain of a caller's message, from the first metadata that carries one."""
-    for md in metadatas:
-        if md and HOPS_URI in md:
-            raw = md[HOPS_URI]
-            if not isinstance(raw, dict):
-                raise InvalidParams(
-                    f"metadata[{HOPS_URI!r}] must be an object", violations=[(HOPS_URI, "object")]
-                )
-            try:
-                chain = Chain.from_dict(raw)
-            except ValueError as exc:
-                raise InvalidParams(
-                    f"metadata[{HOPS_URI!r}]: {exc}", violations=[(HOPS_URI, str(exc))]
-                ) from None
-            if not chain.path or chain.path[-1] != caller:
-                chain = Chain(chain.chain, chain.hop, (*chain.path, caller))
-            return chain
-    return first_hop(caller)
+def envelope_of(
+    caller: str, receiver: str, message: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> Message:
+    """A caller's A2A message as the common envelope (:mod:`melchior.a2a_envelope`: its
+    hop chain read from the message's metadata, then the request's); a malformed chain is
+    invalid params naming the extension."""
+    try:
+        return from_a2a(message, sender=caller, recipient=receiver, metadata=metadata)
+    except ValueError as exc:
+        raise InvalidParams(str(exc), violations=[(HOPS_URI, str(exc))]) from None
 
 
 def check(chain: Chain) -> None:

@@ -1,0 +1,96 @@
+"""The A2A form of the envelope: an A2A 1.0 ``Message`` to a :class:`Message` and back.
+
+Three places meet A2A messages: the relay's entry (a caller's message becomes a task),
+the receiver (a claimed task's message becomes a turn for an agent), and the ``a2a``
+runtime (a turn becomes a message to a local A2A agent). They agree on one mapping,
+written here: parts are carried verbatim, ``text`` is what the text parts say, the
+hop budget travels as ``metadata[HOPS_URI]`` and becomes the envelope's ``chain``,
+``taskId`` is what the message is ``about``, ``contextId`` its ``context``. Pure, no I/O;
+errors are ``ValueError`` with a sentence, for each caller to render in its own shape.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from melchior.envelope import Message
+from melchior.policy.hops import HOPS_URI, Chain, first_hop
+
+
+def text_of(parts: Sequence[Any]) -> str:
+    """What a message's text parts say, one per line (other parts have no text)."""
+    return "\n".join(
+        str(p["text"]) for p in parts if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+    )
+
+
+def chain_in(sender: str, *metadatas: Mapping[str, Any] | None) -> Chain:
+    """The chain of ``sender``'s message, from the first metadata that carries one; none
+    means a person started it: hop 1. The sender is made the last name on the path (it is
+    who sent this hop, whatever the payload claims)."""
+    for md in metadatas:
+        if md and HOPS_URI in md:
+            raw = md[HOPS_URI]
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"metadata[{HOPS_URI!r}] must be an object")
+            try:
+                chain = Chain.from_dict(dict(raw))
+            except ValueError as exc:
+                raise ValueError(f"metadata[{HOPS_URI!r}]: {exc}") from None
+            if not chain.path or chain.path[-1] != sender:
+                chain = Chain(chain.chain, chain.hop, (*chain.path, sender))
+            return chain
+    return first_hop(sender)
+
+
+def from_a2a(
+    message: Mapping[str, Any],
+    *,
+    sender: str,
+    recipient: str,
+    metadata: Mapping[str, Any] | None = None,
+    sort: str = "task",
+) -> Message:
+    """The envelope of an A2A message ``sender`` sent ``recipient`` (``metadata``: the
+    request's own, read for the hop chain after the message's)."""
+    parts = message.get("parts")
+    parts = tuple(parts) if isinstance(parts, list) else ()
+    own = message.get("metadata")
+    own = own if isinstance(own, Mapping) else None
+    mid, task, ctx = message.get("messageId"), message.get("taskId"), message.get("contextId")
+    return Message(
+        sender=sender,
+        recipient=recipient,
+        text=text_of(parts),
+        sort=sort,
+        chain=chain_in(sender, own, metadata),
+        message_id=mid if isinstance(mid, str) else None,
+        about=task if isinstance(task, str) and task else None,
+        context=ctx if isinstance(ctx, str) and ctx else None,
+        parts=parts,
+        metadata={k: v for k, v in (own or {}).items() if k != HOPS_URI} or None,
+    )
+
+
+def to_a2a(message: Message, *, role: str = "ROLE_USER") -> dict[str, Any]:
+    """The A2A message for an envelope: its parts verbatim (or its text as one text part),
+    its metadata with the hop chain, ``taskId``/``contextId`` from ``about``/``context``,
+    and a fresh ``messageId`` when it has none."""
+    parts = list(message.parts) if message.parts else [{"text": message.text}]
+    out: dict[str, Any] = {
+        "messageId": message.message_id or uuid.uuid4().hex,
+        "role": role,
+        "parts": parts,
+    }
+    metadata = dict(message.metadata or {})
+    if message.chain is not None:
+        metadata[HOPS_URI] = message.chain.as_dict()
+    if metadata:
+        out["metadata"] = metadata
+    if message.about:
+        out["taskId"] = message.about
+    if message.context:
+        out["contextId"] = message.context
+    return out
