@@ -150,3 +150,21 @@ def test_claude_scopes_and_a_missing_claude_cli(tmp_path: Path) -> None:
     assert not (home / ".claude").exists()  # nothing half-written
     bad = melchior("claude-code", "--name", "x y", "--print", home=home, cwd=proj)
     assert bad.returncode == 2
+
+
+def test_the_docs_show_what_integrate_writes() -> None:
+    import re
+
+    from melchior.integrations.settings import parse
+
+    doc = (Path(__file__).parent.parent / "docs" / "integrations.md").read_text()
+    base = ["/abs/path/to/melchior"]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", doc, re.S)
+    jsons = [json.loads(b) for lang, b in blocks if lang == "json" and '"hooks"' in b]
+    assert jsons == [plans.hook_settings(plans.hook_commands(base, "claude-code", "melchior"))]
+    tomls = [tomllib.loads(b) for lang, b in blocks if lang == "toml"]
+    assert tomls[0] == tomllib.loads("\n".join(plans.codex_fragments("melchior", base, [])))
+    settings = parse(
+        next(b for lang, b in blocks if lang == "toml" and "[melchior.mcp]" in b), "demo"
+    )
+    assert settings.taint_calls == 10 and "Bash(terraform apply*)" in settings.rules.patterns

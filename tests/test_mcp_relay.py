@@ -149,3 +149,22 @@ def test_a_named_credential_that_is_not_there_stops_the_bridge(
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2 and b"no stored credential for agent 'local/nobody'" in proc.stderr
+
+
+def test_the_relay_caller_is_one_more_delivery(relay: Any) -> None:
+    from melchior.envelope import Message
+    from melchior.integrations.relay_caller import Credential, RelayCaller
+
+    server, world, _ = relay
+
+    async def scenario() -> None:
+        caller = RelayCaller(Credential(server.url, world.tokens["caller"], None))
+        try:
+            sent = await caller.deliver(Message("local/codex", RECEIVER, "echo via the seam"))
+            assert sent.kind == "queued" and sent.message_id == (sent.detail or {})["task"]
+            no = await caller.deliver(Message("local/codex", OTHER, "echo x"))
+            assert no.refused and no.decision is not None and no.decision.rule == "grant"
+        finally:
+            await caller.close()
+
+    asyncio.run(scenario())
