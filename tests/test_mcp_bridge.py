@@ -197,3 +197,19 @@ def test_plane_verbs_are_offered_only_inside_a_plane_turn() -> None:
         "additionalProperties": False,
         "required": ["who"],
     }
+
+
+def test_without_the_sdk_the_bridge_says_what_to_install(env: dict[str, str]) -> None:
+    blocked = (
+        "import sys; sys.modules['mcp'] = None; from melchior.cli import main; sys.exit(main())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", blocked, "mcp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2 and "pip install 'melchior[mcp]'" in proc.stderr

@@ -42,7 +42,7 @@ from melchior.integrations.hooks import (
 from melchior.integrations.inbox import WAKING_SORTS, Entry, Inbox
 from melchior.integrations.settings import Settings
 from melchior.integrations.taint import TaintWindow
-from melchior.policy.decision import refuse
+from melchior.policy.decision import Decision, refuse
 from melchior.policy.hops import Chain
 from melchior.policy.taint import ToolCall
 from melchior.policy.turn_quota import may_send
@@ -189,7 +189,7 @@ class Bridge:
     def received_chain(self) -> Chain | None:
         return deeper(self.base_chain, self.turn.chain)
 
-    def quota(self) -> Any:
+    def quota(self) -> Decision:
         return may_send(self.turn.sends, self.settings.sends_per_turn, turn=self.turn.marked)
 
     def check_open(self) -> None:

@@ -86,7 +86,7 @@ def stop_output(agent: str, text: str) -> dict[str, Any]:
 
 
 def details(
-    event: str, data: Mapping[str, Any], agent: str, server: str, env: Mapping[str, str]
+    data: Mapping[str, Any], agent: str, server: str, env: Mapping[str, str]
 ) -> dict[str, Any]:
     """What the bridge needs from one hook input, with strings bounded."""
     tool_input = data.get("tool_input")
@@ -110,7 +110,7 @@ def details(
     return out
 
 
-def read_input(event: str, payload: str | None, stdin: Any) -> dict[str, Any]:
+def read_input(payload: str | None, stdin: Any) -> dict[str, Any]:
     """The hook's JSON: from stdin for hooks, the last argument for Codex's notify."""
     raw = payload if payload is not None else stdin.read(MAX_INPUT + 1)
     if isinstance(raw, bytes):
@@ -185,7 +185,7 @@ def run(
     from melchior.wire.envelope import Refused
 
     try:
-        data = read_input(event, payload, stdin)
+        data = read_input(payload, stdin)
     except (ValueError, UnicodeDecodeError) as exc:
         print(f"melchior hook {event}: ignored unreadable input: {exc}", file=stderr)
         return 0
@@ -208,7 +208,7 @@ def run(
         return 0
     registry, sid = found
     try:
-        output = ask_bridge(registry, sid, event, details(event, data, agent, server, env))
+        output = ask_bridge(registry, sid, event, details(data, agent, server, env))
     except (Unreachable, Refused, OSError) as exc:
         print(f"melchior hook {event}: bridge {sid} did not answer: {exc}", file=stderr)
         return 0
