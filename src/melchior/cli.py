@@ -17,6 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate-wire": ("melchior.commands.gate_wire", "refuse wire messages tagged other than 'event'"),
     "models": ("melchior.commands.models", "list the models your configured providers offer"),
     "plane": ("melchior.commands.plane", "run a team of agents turn by turn; read its log"),
+    "mcp": ("melchior.commands.mcp", "be a coding agent's session, as an MCP server on stdio"),
+    "hook": ("melchior.commands.hook", "answer a coding agent's turn hook from its bridge"),
+    "integrate": ("melchior.commands.integrate", "write the config that puts melchior in an agent"),
 }
 
 

@@ -30,6 +30,7 @@ from melchior.envelope import (
     DELIVERED,
     QUEUED,
     TELL_SORTS,
+    AsyncDelivery,
     Message,
     Receipt,
     check,
@@ -169,7 +170,8 @@ class Serve:
         self.talk = talk
         self.out = out
         self.state = State()
-        self.harness = Harness(out, self.state, me.id)
+        # Any AsyncDelivery may stand in (the MCP bridge's inbox): serve only hands it messages.
+        self.harness: AsyncDelivery = Harness(out, self.state, me.id)
         self.published: Published | None = None
         self.done = asyncio.Event()
         self.ended_by: str | None = None
