@@ -23,8 +23,6 @@ from melchior.tool import Request, Usage
 
 PLANE_VERBS = frozenset({"send_to", "team"})
 """Verbs that only mean something inside a turn the plane is running."""
-PLANE_ENV_PREFIX = "MELCHIOR_PLANE_"
-"""A plane turn names itself with variables under this prefix (its outbox, its roster)."""
 
 SEND_VERBS = frozenset({"tell", "ask", "answer"})
 """Verbs that send a message another agent will read: counted by the per-turn quota.
@@ -43,7 +41,8 @@ class ToolSpec(NamedTuple):
 
 
 def in_plane_turn(env: Mapping[str, str]) -> bool:
-    return any(k.startswith(PLANE_ENV_PREFIX) and v for k, v in env.items())
+    """The tool's own rule (``melchior.tool.PLANE_ENV``): a plane turn names its outbox."""
+    return bool(env.get(vocabulary.PLANE_ENV))
 
 
 def vocabulary_tools(
