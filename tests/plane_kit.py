@@ -82,7 +82,7 @@ async def running(config: PlaneConfig) -> AsyncIterator[tuple[Plane, Watch]]:
         plane.state.close()
 
 
-async def settle(plane: Plane, timeout: float = 60.0) -> None:
+async def settle(plane: Plane, timeout: float = 60.0) -> None:  # noqa: ASYNC109 (a hang guard)
     """Wait until no turn runs or is queued (a hang guard, not a threshold)."""
     await asyncio.wait_for(plane.quiet(), timeout)
 

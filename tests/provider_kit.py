@@ -121,7 +121,7 @@ class Conn:
         """Close the socket now, mid-whatever: the client sees a truncated body."""
         self._writer.transport.abort()
 
-    async def wait_closed(self, timeout: float = 10.0) -> bool:
+    async def wait_closed(self, timeout: float = 10.0) -> bool:  # noqa: ASYNC109 (False: the client never closed)
         """Wait for the client to close its end; False if it did not (a hang guard)."""
         try:
             await asyncio.wait_for(self.closed.wait(), timeout)

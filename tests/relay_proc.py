@@ -72,9 +72,10 @@ def start_relay(
     home: Path,
     *args: str,
     token_file: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RelayProc:
     """Start ``mellan relay`` and wait for its 'listening on' line."""
-    env = relay_env(home)
+    env = relay_env(home) | (extra_env or {})
     token_file = token_file or home / "owner.token"
     proc = subprocess.Popen(
         [MELLAN, "relay", "--database", db_url, "--port", "0",

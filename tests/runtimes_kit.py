@@ -114,7 +114,7 @@ def kill_quietly(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:  # noqa: ASYNC109 (a hang guard)
     """Poll until ``predicate`` holds; a generous bound, never asserted as a speed."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout

@@ -156,7 +156,8 @@ def test_missing_and_revoked_credentials_are_401_and_audited(tmp_path: Any) -> N
 def test_owner_credentials_cannot_send_as_an_agent(relay: tuple[Server, World]) -> None:
     server, world = relay
     resp = send(server, world.tokens["owner"])
-    assert resp.status_code == 403 and "agent's credential" in resp.text
+    assert resp.status_code == 403
+    assert "agent's credential" in resp.text
 
 
 def test_hop_limit_refuses_the_fifth_hop_and_audits_it(relay: tuple[Server, World]) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from a2a_kit import WS, message, running
-from melchior.mellan.relay.a2a.batch import Batcher
+from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier
 from melchior.mellan.relay.store.base import NewTask, Task
@@ -72,8 +72,13 @@ def test_one_bad_task_does_not_sink_its_batch(tmp_path: Path) -> None:
     async def go() -> list[Any]:
         relay = Relay(store=store, notifier=LocalNotifier(), public_url="http://x")
         b = Batcher(relay)
-        jobs = [b.enqueue(task(i, poison=(i == 3))) for i in range(8)]
-        return await asyncio.gather(*jobs, return_exceptions=True)
+        async with asyncio.TaskGroup() as tg:
+            consumer = tg.create_task(b.run())
+            await asyncio.sleep(0)  # the consumer is running before the first accept
+            jobs = [b.enqueue(task(i, poison=(i == 3))) for i in range(8)]
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            consumer.cancel()
+        return results
 
     results = asyncio.run(go())
     store.close()

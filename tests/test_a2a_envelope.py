@@ -47,7 +47,8 @@ def test_a_message_survives_the_a2a_round_trip(
         sender, recipient, text_of(parts), "task", chain, mid, about, context, tuple(parts)
     )
     wire = to_a2a(sent)
-    assert wire["parts"] == parts and wire["messageId"] == mid
+    assert wire["parts"] == parts
+    assert wire["messageId"] == mid
     assert wire["metadata"][HOPS_URI] == chain.as_dict()
     back = from_a2a(wire, sender=sender, recipient=recipient)
     assert back == sent._replace(metadata=None)

@@ -23,7 +23,8 @@ def test_codes_statuses_and_reasons_match_the_sdk(cls: type[errors.A2AError]) ->
 def test_both_renderings_carry_error_info() -> None:
     err = errors.TaskNotFound(metadata={"taskId": "t1"}, violations=[("id", "unknown")])
     rpc = err.jsonrpc_error()
-    assert rpc["code"] == -32001 and rpc["message"] == "Task not found"
+    assert rpc["code"] == -32001
+    assert rpc["message"] == "Task not found"
     info, bad = rpc["data"]
     assert info == {
         "@type": "type.googleapis.com/google.rpc.ErrorInfo",
@@ -40,6 +41,7 @@ def test_unexpected_failures_say_little_and_outages_are_503() -> None:
     assert isinstance(errors.translate(StoreUnavailable("db down")), errors.Unavailable)
     assert errors.translate(StoreUnavailable("x")).http == 503
     internal = errors.translate(RuntimeError("secret detail"))
-    assert internal.http == 500 and "secret" not in internal.message
+    assert internal.http == 500
+    assert "secret" not in internal.message
     same = errors.TaskNotFound()
     assert errors.translate(same) is same

@@ -131,7 +131,8 @@ def test_public_card_names_both_bindings_and_no_capabilities(relay: Any, binding
         assert bindings == {"JSONRPC", "HTTP+JSON"}
         assert {i.protocol_version for i in card.supported_interfaces} == {"1.0"}
         assert len(card.skills) == 0
-        assert card.capabilities.streaming and card.capabilities.extended_agent_card
+        assert card.capabilities.streaming
+        assert card.capabilities.extended_agent_card
         assert not card.capabilities.push_notifications
         await client.close()
 
@@ -170,7 +171,8 @@ def test_send_blocks_until_completed(relay: Any, binding: str) -> None:
     assert task.status.message.parts[0].text == "echo: hello"
     assert task.artifacts[0].parts[0].text == "echo: hello"
     assert task.history[0].parts[0].text == "echo hello"
-    assert task.history[0].task_id == task.id and task.context_id
+    assert task.history[0].task_id == task.id
+    assert task.context_id
 
 
 def test_send_return_immediately_then_get(relay: Any, binding: str) -> None:
@@ -197,7 +199,8 @@ def test_send_return_immediately_then_get(relay: Any, binding: str) -> None:
     first, working, done = run(go())
     assert state(first) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
     assert working.status.message.parts[0].text == "holding"
-    assert len(done.history) == 1 and done.history[0].parts[0].text == "released"
+    assert len(done.history) == 1
+    assert done.history[0].parts[0].text == "released"
 
 
 def test_follow_up_to_input_required_infers_context(relay: Any, binding: str) -> None:
@@ -245,7 +248,8 @@ def test_repeated_message_id_returns_the_same_task(relay: Any, binding: str) -> 
         return a, b
 
     a, b = run(go())
-    assert a.id == b.id and rx.handled.count(a.id) == 1
+    assert a.id == b.id
+    assert rx.handled.count(a.id) == 1
 
 
 def test_failed_task_reports_failed_with_the_reason(relay: Any, binding: str) -> None:

@@ -96,7 +96,8 @@ def test_js_client_send_get_stream_cancel_card_errors(tmp_path: Path, binding: s
     assert out["skills"] == [CAPS[0]]
     assert (out["sendState"], out["reply"]) == ("TASK_STATE_COMPLETED", "echo: js")
     assert out["getState"] == "TASK_STATE_COMPLETED"
-    assert out["stream"][0] == "task" and out["stream"][-1] == "statusUpdate"
+    assert out["stream"][0] == "task"
+    assert out["stream"][-1] == "statusUpdate"
     assert "artifactUpdate" in out["stream"]
     assert out["cancelState"] == "TASK_STATE_CANCELED"
     assert out["notFound"].endswith("TaskNotFoundError")

@@ -119,8 +119,11 @@ def test_envelope_is_valid_or_an_invalid_request(body: dict[str, Any]) -> None:
         rid, method, params = envelope(body)
     except InvalidRequest:
         return
-    assert body["jsonrpc"] == "2.0" and isinstance(method, str) and method
-    assert rid == body["id"] and isinstance(params, dict)
+    assert body["jsonrpc"] == "2.0"
+    assert isinstance(method, str)
+    assert method
+    assert rid == body["id"]
+    assert isinstance(params, dict)
 
 
 segment = st.text(

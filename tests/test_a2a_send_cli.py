@@ -42,7 +42,9 @@ def test_send_default_returns_at_once_with_the_task_id(
         monkeypatch=monkeypatch, tmp=tmp_path,
     )  # fmt: skip
     out = capsys.readouterr().out
-    assert code == 0 and out.startswith("task ") and "(context " in out
+    assert code == 0
+    assert out.startswith("task ")
+    assert "(context " in out
 
 
 def test_send_wait_prints_the_answer(
@@ -55,7 +57,8 @@ def test_send_wait_prints_the_answer(
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    assert "completed: echo: there" in out and "artifact echo: echo: there" in out
+    assert "completed: echo: there" in out
+    assert "artifact echo: echo: there" in out
 
 
 def test_send_stream_json_prints_events(
@@ -86,7 +89,8 @@ def test_send_failure_and_refusal_exit_nonzero(
         server, world.tokens["other"], RECEIVER, "echo no", monkeypatch=monkeypatch, tmp=tmp_path
     )
     err = capsys.readouterr().err
-    assert code == 1 and "no such capability is available to you" in err
+    assert code == 1
+    assert "no such capability is available to you" in err
 
 
 def test_send_uses_the_stored_agent_credential(
@@ -103,5 +107,6 @@ def test_send_uses_the_stored_agent_credential(
     parser = argparse.ArgumentParser()
     send.add_arguments(parser)
     code = send.run(parser.parse_args([RECEIVER, "echo stored", "--wait", "--as", "local/codex"]))
-    assert code == 0 and "echo: stored" in capsys.readouterr().out
+    assert code == 0
+    assert "echo: stored" in capsys.readouterr().out
     assert "MELLAN_TOKEN" not in os.environ

@@ -50,7 +50,8 @@ def test_missing_version_is_0_3_and_refused(relay: tuple[Server, World]) -> None
     assert r.status_code == 200
     err = r.json()["error"]
     assert r.json()["id"] == 5
-    assert err["code"] == -32009 and "'0.3'" in err["message"]
+    assert err["code"] == -32009
+    assert "'0.3'" in err["message"]
     assert err["data"][0]["@type"] == ERROR_INFO
     assert err["data"][0]["reason"] == "VERSION_NOT_SUPPORTED"
     r = httpx.get(f"{server.base()}/tasks/x", headers=auth(world, None), timeout=30)
@@ -143,12 +144,14 @@ def test_public_card_is_cacheable_and_the_same_for_unknown_agents(
     again = httpx.get(
         f"{server.base()}/.well-known/agent-card.json", headers={"If-None-Match": tag}
     )
-    assert again.status_code == 304 and again.headers["etag"] == tag
+    assert again.status_code == 304
+    assert again.headers["etag"] == tag
     card = r.json()
     assert card["skills"] == []
     assert [i["url"] for i in card["supportedInterfaces"]] == [server.base()] * 2
     ghost = httpx.get(f"{server.url}/a2a/{WS}/no/such/.well-known/agent-card.json").json()
-    assert ghost.keys() == card.keys() and ghost["skills"] == []
+    assert ghost.keys() == card.keys()
+    assert ghost["skills"] == []
     encoded = httpx.get(
         f"{server.url}/a2a/{WS}/{RECEIVER.replace('/', '%2F')}/.well-known/agent-card.json"
     )
@@ -160,7 +163,8 @@ def test_extended_card_needs_a_credential_and_has_an_etag(relay: tuple[Server, W
     r = httpx.get(f"{server.base()}/extendedAgentCard", headers={"A2A-Version": "1.0"})
     assert r.status_code == 401
     r = httpx.get(f"{server.base()}/extendedAgentCard", headers=auth(world))
-    assert r.status_code == 200 and r.headers["cache-control"].startswith("private")
+    assert r.status_code == 200
+    assert r.headers["cache-control"].startswith("private")
     assert [s["id"] for s in r.json()["skills"]] == ["incident.inspect"]
     again = httpx.get(
         f"{server.base()}/extendedAgentCard",
@@ -195,7 +199,8 @@ def test_payload_comes_back_with_the_same_values(relay: tuple[Server, World]) ->
     assert task["history"][0]["parts"] == sent["parts"]
     assert task["artifacts"][0]["metadata"] == sent["metadata"]
     got = httpx.get(f"{server.base()}/tasks/{task['id']}", headers=auth(world)).text
-    assert "12345678901234567890" in got and "0.10000000000000000001" in got
+    assert "12345678901234567890" in got
+    assert "0.10000000000000000001" in got
 
 
 def sse_events(resp: httpx.Response) -> list[Any]:
@@ -328,7 +333,8 @@ def test_list_filters(relay: tuple[Server, World]) -> None:
         return httpx.get(url, params={"contextId": ctx, **params}, headers=auth(world)).json()
 
     every = listed()
-    assert every["totalSize"] == 3 and every["nextPageToken"] == ""
+    assert every["totalSize"] == 3
+    assert every["nextPageToken"] == ""
     assert all("artifacts" not in t and "history" not in t for t in every["tasks"])
     failed = listed(status="TASK_STATE_FAILED")
     assert [t["status"]["state"] for t in failed["tasks"]] == ["TASK_STATE_FAILED"]

@@ -51,9 +51,9 @@ def test_check_passes_allowed_and_raises_refused() -> None:
 
 def test_receipt_kinds_are_checked() -> None:
     assert receipt(DELIVERED, "m1").as_dict() == {"receipt": "delivered", "message_id": "m1"}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a receipt kind"):
         receipt("landed")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="refusals come from"):
         receipt(REFUSED)  # a refusal needs its decision
     r = refused_receipt(refuse("no-door", "planner has no door to ledger"), "m2")
     assert r.refused
@@ -79,7 +79,8 @@ def test_fenced_body_round_trips_and_names_the_sender(body: str, sender: str) ->
 @pytest.mark.parametrize("hop", [2, 2.0, Decimal("2.0"), Decimal("2")])
 def test_a_chain_hop_is_a_whole_number_however_spelled(hop: object) -> None:
     chain = Chain.from_dict({"chain": "c", "hop": hop, "path": ["a"]})
-    assert chain.hop == 2 and isinstance(chain.hop, int)
+    assert chain.hop == 2
+    assert isinstance(chain.hop, int)
 
 
 @pytest.mark.parametrize("hop", [0, 1.5, True, None, "2", Decimal("1e1000000"), "²", [1]])

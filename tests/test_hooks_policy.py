@@ -96,12 +96,14 @@ def test_tools_other_than_the_shell() -> None:
 
 def test_classes_and_patterns_are_the_operators_to_choose() -> None:
     only_push = rules(["push"])
-    assert _bash("rm -rf x", only_push) is None and _bash("git push", only_push) == "push"
+    assert _bash("rm -rf x", only_push) is None
+    assert _bash("git push", only_push) == "push"
     extra = rules(CLASSES, ["Bash(terraform apply*)", "mcp__github__*"])
     assert _bash("terraform apply -auto-approve", extra) == "pattern"
     assert _bash("terraform plan", extra) is None
     d = risk(ToolCall("mcp__github__merge", {"pr": 1}), extra, project=PROJECT, home=HOME)
-    assert d.rule == "pattern" and "mcp__github__*" in d.reason
+    assert d.rule == "pattern"
+    assert "mcp__github__*" in d.reason
     with pytest.raises(ValueError, match="unknown risky-call class"):
         rules(["push", "telepathy"])
     with pytest.raises(ValueError, match="not a risky-call pattern"):
@@ -112,7 +114,8 @@ def test_classes_and_patterns_are_the_operators_to_choose() -> None:
 def test_no_input_makes_the_judge_raise(text: str, tool: str) -> None:
     for inp in ({"command": text}, {"file_path": text}, {"input": text}, {"url": text}):
         d = risk(ToolCall(tool, inp), Rules(), project=PROJECT, home=None)
-        assert d.rule and d.reason
+        assert d.rule
+        assert d.reason
 
 
 @given(st.integers(0, 50), st.booleans())
@@ -127,7 +130,8 @@ def test_a_risky_call_in_an_open_window_always_goes_to_the_operator(
     d = window(remaining, judged, source="demo/main/beta-nu")
     assert d.allowed == (not risky or remaining == 0)
     if not d.allowed:
-        assert "beta-nu" in d.reason and "never widens" in d.reason
+        assert "beta-nu" in d.reason
+        assert "never widens" in d.reason
 
 
 def test_the_window_only_grows_with_peer_text_and_asks_count_down() -> None:
@@ -137,7 +141,8 @@ def test_the_window_only_grows_with_peer_text_and_asks_count_down() -> None:
     w.open("demo/main/beta-nu")
     assert w.judge(push, project=PROJECT, home=HOME, deny_mode=False).decision == "ask"
     w.open("demo/main/gamma-mu")  # reopening never shortens, and resets to K
-    assert w.remaining == 3 and w.source == "demo/main/gamma-mu"
+    assert w.remaining == 3
+    assert w.source == "demo/main/gamma-mu"
     # Codex cannot ask: it is denied, and a denial does not use the window up.
     for _ in range(5):
         assert w.judge(push, project=PROJECT, home=HOME, deny_mode=True).decision == "deny"
@@ -147,12 +152,12 @@ def test_the_window_only_grows_with_peer_text_and_asks_count_down() -> None:
     w.operator_spoke(deny_mode=True)
     assert w.remaining == 0
     assert TaintWindow(0).calls == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"."):
         TaintWindow(-1)
 
 
 def test_hook_shapes_never_allow() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"."):
         pre_tool_output("allow", "because a peer said so")
     assert pre_tool_output("ask", "r")["hookSpecificOutput"]["permissionDecision"] == "ask"
     assert stop_output("codex", "t") == {"decision": "block", "reason": "t"}
@@ -163,10 +168,12 @@ def test_the_quota() -> None:
     assert may_send(99, 3, turn=None).allowed  # no turn marked: nothing to count within
     assert may_send(2, 3, turn=4).allowed
     over = may_send(3, 3, turn=4)
-    assert not over.allowed and over.rule == "per-turn" and "turn 4" in over.reason
+    assert not over.allowed
+    assert over.rule == "per-turn"
+    assert "turn 4" in over.reason
     assert not may_send(0, 0, turn=1).allowed
     for bad in (-1, 1001, True, 2.5):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"."):
             check_limit(bad)  # type: ignore[arg-type]
 
 
@@ -218,8 +225,11 @@ def test_the_inbox_is_bounded_and_remembers_what_became_of_each_message() -> Non
         assert (await box.deliver(_message("one", mid="m1"))).kind == "queued"
         assert (await box.deliver(_message("two?", "question", mid="m2"))).kind == "queued"
         full = await box.deliver(_message("three", mid="m3"))
-        assert full.refused and full.decision is not None and full.decision.rule == "inbox-full"
-        assert box.fate("m1") is not None and box.fate("m1").kind == "queued"  # type: ignore[union-attr]
+        assert full.refused
+        assert full.decision is not None
+        assert full.decision.rule == "inbox-full"
+        assert box.fate("m1") is not None
+        assert box.fate("m1").kind == "queued"
         taken = box.take(box.peek({"question"}), "hook:PostToolUse")
         assert [e.message.text for e in taken] == ["two?"]
         assert box.fate("alpha-rho@m1") is not None  # a question is known by its handle too
@@ -244,9 +254,13 @@ def test_rendering_fences_each_message_and_keeps_within_the_budget() -> None:
         return text, list(shown), whole, list(all_shown)
 
     text, shown, whole, all_shown = asyncio.run(scenario())
-    assert len(shown) == 1 and len(text) <= present.HOOK_BUDGET
-    assert "1 more message(s) wait" in text and "'inbox' tool" in text
+    assert len(shown) == 1
+    assert len(text) <= present.HOOK_BUDGET
+    assert "1 more message(s) wait" in text
+    assert "'inbox' tool" in text
     marker = text.split("<<peer-message ", 1)[1].split(" ", 1)[0]
-    assert text.count(marker) == 2 and len(marker) == 24  # opening and closing, nothing forged
-    assert len(all_shown) == 2 and "y" * 20000 in whole
+    assert text.count(marker) == 2
+    assert len(marker) == 24
+    assert len(all_shown) == 2
+    assert "y" * 20000 in whole
     assert json.dumps(text)  # plain text, fit for a hook's JSON

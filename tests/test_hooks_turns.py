@@ -43,23 +43,29 @@ def test_messages_reach_the_model_between_tool_calls_and_at_turn_ends(env: dict[
 
             # A new turn: everything waiting enters the context, fenced; now delivered.
             h = await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "go"})
-            assert h.rc == 0 and "please look at INC-42" in h.context
+            assert h.rc == 0
+            assert "please look at INC-42" in h.context
             assert "FYI the build is slow" in h.context
-            assert h.context.count("<<peer-message ") == 2 and "not your operator's" in h.context
+            assert h.context.count("<<peer-message ") == 2
+            assert "not your operator's" in h.context
             for told in (note, first):
                 got = await a.one("task", about=f"{b.id}@{told['message_id']}")
-                assert got["receipt"] == "delivered" and got["via"] == "hook:UserPromptSubmit"
+                assert got["receipt"] == "delivered"
+                assert got["via"] == "hook:UserPromptSubmit"
             status = await b.one("status")
-            assert status["turn"] == {"number": 1, "open": True, "sends": 0} and status["busy"]
+            assert status["turn"] == {"number": 1, "open": True, "sends": 0}
+            assert status["busy"]
 
             # Mid-turn: attention and questions come in after a tool call; notes wait.
             await a.one("tell", who=b.id, message="later is fine", sort="note")
             asked = await a.one("ask", who=b.id, message="is INC-42 fixed?")
             h = await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Bash"})
-            assert "is INC-42 fixed?" in h.context and "later is fine" not in h.context
+            assert "is INC-42 fixed?" in h.context
+            assert "later is fine" not in h.context
             assert f"about={asked['about']!r}" in h.context
             nothing = await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Bash"})
-            assert nothing.output is None and nothing.rc == 0
+            assert nothing.output is None
+            assert nothing.rc == 0
 
             # At the turn's end a waiting attention message keeps it going (Claude Code's
             # Stop additionalContext); with nothing waking it, the turn ends.
@@ -103,8 +109,10 @@ def test_the_per_turn_quota_counts_sends_between_hook_events(env: dict[str, str]
             assert (await me.one("tell", who=peer.id, message="one"))["receipt"] == "queued"
             assert (await me.one("ask", who=peer.id, message="two?"))["receipt"] == "queued"
             over = await me.error("tell", who=peer.id, message="three")
-            assert over["rule"] == "per-turn" and over["receipt"] == "refused"
-            assert "limit is 2 a turn" in over["reason"] and "was not sent" in over["reason"]
+            assert over["rule"] == "per-turn"
+            assert over["receipt"] == "refused"
+            assert "limit is 2 a turn" in over["reason"]
+            assert "was not sent" in over["reason"]
             # The hook refuses the call before it is made, saying the same.
             h = await asyncio.to_thread(
                 hook, agent, "PreToolUse", {"tool_name": "mcp__melchior__tell", "tool_input": {}}
@@ -148,7 +156,8 @@ def test_the_taint_window_asks_the_operator_before_risky_calls(
 
     def pre(command: str) -> tuple[str, str] | None:
         h = hook(agent, "PreToolUse", {"tool_name": "Bash", "tool_input": {"command": command}})
-        assert h.rc == 0 and "allow" not in json.dumps(h.output)
+        assert h.rc == 0
+        assert "allow" not in json.dumps(h.output)
         return h.decision if h.output is not None else None
 
     async def scenario() -> None:
@@ -165,10 +174,14 @@ def test_the_taint_window_asks_the_operator_before_risky_calls(
 
             assert await asyncio.to_thread(pre, "ls -la && cat README.md") is None
             asked = await asyncio.to_thread(pre, "cd src && git push --force origin main")
-            assert asked is not None and asked[0] == "ask"
-            assert "pushes" in asked[1] and f"demo/main/{peer.id}" in asked[1]
+            assert asked is not None
+            assert asked[0] == "ask"
+            assert "pushes" in asked[1]
+            assert f"demo/main/{peer.id}" in asked[1]
             asked = await asyncio.to_thread(pre, "terraform apply -auto-approve")
-            assert asked is not None and asked[0] == "ask" and "Bash(terraform *)" in asked[1]
+            assert asked is not None
+            assert asked[0] == "ask"
+            assert "Bash(terraform *)" in asked[1]
             # Two risky calls were put to the operator; the window is spent.
             assert await asyncio.to_thread(pre, "rm -rf build") is None
             status = await me.one("status")
@@ -183,7 +196,8 @@ def test_the_taint_window_asks_the_operator_before_risky_calls(
                 "PreToolUse",
                 {"tool_name": "Write", "tool_input": {"file_path": "/etc/profile", "content": "x"}},
             )
-            assert h.decision[0] == "ask" and "outside the project" in h.decision[1]
+            assert h.decision[0] == "ask"
+            assert "outside the project" in h.decision[1]
             h = await asyncio.to_thread(
                 hook,
                 agent,
@@ -214,7 +228,8 @@ def test_codex_hooks_deny_until_the_operator_speaks_and_notify_ends_the_turn(
                 {"session_id": thread, "turn_id": "t1"},
                 agent="codex",
             )
-            assert ups.rc == 0 and ups.output is None
+            assert ups.rc == 0
+            assert ups.output is None
             assert (await me.one("status"))["turn"]["open"] is True
             note = (
                 Path(env["XDG_RUNTIME_DIR"])
@@ -242,7 +257,8 @@ def test_codex_hooks_deny_until_the_operator_speaks_and_notify_ends_the_turn(
                     {"tool_name": "Bash", "tool_input": {"command": "git branch -D old"}},
                     agent="codex",
                 )
-                assert h.decision[0] == "deny" and "operator's next prompt decides" in h.decision[1]
+                assert h.decision[0] == "deny"
+                assert "operator's next prompt decides" in h.decision[1]
             # The operator's next prompt is their answer: the window closes.
             await asyncio.to_thread(
                 hook, codex, "UserPromptSubmit", {"session_id": thread}, agent="codex"
@@ -259,12 +275,14 @@ def test_codex_hooks_deny_until_the_operator_speaks_and_notify_ends_the_turn(
             # A waiting question keeps a Codex turn going the way Codex allows: block.
             await peer.one("ask", who=me.id, message="done yet?")
             h = await asyncio.to_thread(hook, codex, "Stop", {"session_id": thread}, agent="codex")
-            assert h.output is not None and h.output["decision"] == "block"
+            assert h.output is not None
+            assert h.output["decision"] == "block"
             assert "done yet?" in h.output["reason"]
             # notify (argv JSON, as Codex runs it) ends the turn.
             payload = json.dumps({"type": "agent-turn-complete", "thread-id": thread, "cwd": "/"})
             h = await asyncio.to_thread(hook, codex, "notify", agent="codex", payload=payload)
-            assert h.rc == 0 and h.output is None
+            assert h.rc == 0
+            assert h.output is None
             assert (await me.one("status"))["turn"]["open"] is False
 
     asyncio.run(scenario())
@@ -274,7 +292,9 @@ def test_a_hook_without_a_bridge_or_with_bad_input_stays_out_of_the_way(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     lonely = hook(env, "PreToolUse", {"tool_name": "Bash", "tool_input": {"command": "rm -rf /"}})
-    assert lonely.rc == 0 and lonely.output is None and "no melchior bridge" in lonely.stderr
+    assert lonely.rc == 0
+    assert lonely.output is None
+    assert "no melchior bridge" in lonely.stderr
     import subprocess
     import sys
 
@@ -286,4 +306,6 @@ def test_a_hook_without_a_bridge_or_with_bad_input_stays_out_of_the_way(
         timeout=30,
         check=False,
     )
-    assert bad.returncode == 0 and bad.stdout == b"" and b"unreadable input" in bad.stderr
+    assert bad.returncode == 0
+    assert bad.stdout == b""
+    assert b"unreadable input" in bad.stderr

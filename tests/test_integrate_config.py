@@ -42,7 +42,8 @@ def test_print_shows_the_exact_configuration_and_writes_nothing(tmp_path: Path) 
     out = melchior("claude-code", "--print", home=tmp_path)
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[1]
-    assert first.startswith("claude mcp add -s user melchior -- ") and first.endswith(" mcp")
+    assert first.startswith("claude mcp add -s user melchior -- ")
+    assert first.endswith(" mcp")
     settings = json.loads(out.stdout[out.stdout.index("{") :])
     assert set(settings["hooks"]) == {"UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"}
     assert settings["hooks"]["PreToolUse"][0]["matcher"] == "*"
@@ -60,8 +61,10 @@ def test_print_shows_the_exact_configuration_and_writes_nothing(tmp_path: Path) 
     server = data["mcp_servers"]["melchior"]
     assert server["args"][-3:] == ["mcp", "--as", "local/codex"]
     assert server["default_tools_approval_mode"] == "approve"
-    assert "XDG_RUNTIME_DIR" in server["env_vars"] and "MAGI_MELCHIOR_ID" in server["env_vars"]
-    assert "--agent=codex" in out.stdout and "/hooks" in out.stdout
+    assert "XDG_RUNTIME_DIR" in server["env_vars"]
+    assert "MAGI_MELCHIOR_ID" in server["env_vars"]
+    assert "--agent=codex" in out.stdout
+    assert "/hooks" in out.stdout
     assert not (tmp_path / ".codex").exists()
 
 
@@ -76,8 +79,10 @@ def test_codex_config_is_merged_kept_and_idempotent(tmp_path: Path) -> None:
     out = melchior("codex", "--codex-home", str(home), home=tmp_path)
     assert out.returncode == 0, out.stderr
     data = tomllib.loads((home / "config.toml").read_text())
-    assert data["model"] == "o5" and data["features"] == {"web": True, "hooks": True}
-    assert data["mcp_servers"]["other"] == {"command": "x"} and "melchior" in data["mcp_servers"]
+    assert data["model"] == "o5"
+    assert data["features"] == {"web": True, "hooks": True}
+    assert data["mcp_servers"]["other"] == {"command": "x"}
+    assert "melchior" in data["mcp_servers"]
     assert data["notify"][-3:] == ["hook", "notify", "--agent=codex"]
     hooks = json.loads((home / "hooks.json").read_text())["hooks"]
     assert hooks["Stop"][0]["hooks"][0]["command"] == "mine.sh"
@@ -85,7 +90,8 @@ def test_codex_config_is_merged_kept_and_idempotent(tmp_path: Path) -> None:
 
     before = {p.name: p.read_text() for p in home.iterdir()}
     again = melchior("codex", "--codex-home", str(home), home=tmp_path)
-    assert again.returncode == 0 and "wrote" not in again.stdout
+    assert again.returncode == 0
+    assert "wrote" not in again.stdout
     assert {p.name: p.read_text() for p in home.iterdir()} == before
 
 
@@ -105,7 +111,8 @@ def test_codex_settings_of_the_user_are_never_overwritten(
     home.mkdir()
     (home / "config.toml").write_text(config)
     out = melchior("codex", "--codex-home", str(home), home=tmp_path)
-    assert out.returncode == 1 and why in out.stderr
+    assert out.returncode == 1
+    assert why in out.stderr
     assert (home / "config.toml").read_text() == config
     assert not (home / "hooks.json").exists()
 
@@ -113,7 +120,8 @@ def test_codex_settings_of_the_user_are_never_overwritten(
 def test_top_level_notify_lands_above_the_first_table() -> None:
     text = plans.merge_codex_config('# mine\n[profiles.fast]\nmodel = "x"\n', "melchior", BASE, [])
     data = tomllib.loads(text)
-    assert "notify" in data and "notify" not in data["profiles"]["fast"]
+    assert "notify" in data
+    assert "notify" not in data["profiles"]["fast"]
     assert text.startswith("# mine\nnotify = ")
 
 
@@ -125,7 +133,8 @@ def test_hook_merge_replaces_only_our_entries() -> None:
     merged = plans.merge_hooks(existing, ours, BASE)
     assert merged["model"] == "x"
     pre = merged["hooks"]["PreToolUse"]
-    assert pre[0] == theirs and len(pre) == 2
+    assert pre[0] == theirs
+    assert len(pre) == 2
     assert pre[1]["hooks"][0]["command"] == "/opt/bin/melchior hook PreToolUse"
     assert plans.merge_hooks(merged, ours, BASE) == merged
     named = plans.hook_commands(BASE, "codex", "peers")
@@ -146,7 +155,8 @@ def test_claude_scopes_and_a_missing_claude_cli(tmp_path: Path) -> None:
         assert plan.files[0][0] == path
         assert plan.commands[1][:6] == ("claude", "mcp", "add", "-s", scope, "melchior")
     out = melchior("claude-code", home=home, cwd=proj, path="/nonexistent")
-    assert out.returncode == 1 and "claude CLI is not on PATH" in out.stderr
+    assert out.returncode == 1
+    assert "claude CLI is not on PATH" in out.stderr
     assert not (home / ".claude").exists()  # nothing half-written
     bad = melchior("claude-code", "--name", "x y", "--print", home=home, cwd=proj)
     assert bad.returncode == 2
@@ -167,4 +177,5 @@ def test_the_docs_show_what_integrate_writes() -> None:
     settings = parse(
         next(b for lang, b in blocks if lang == "toml" and "[melchior.mcp]" in b), "demo"
     )
-    assert settings.taint_calls == 10 and "Bash(terraform apply*)" in settings.rules.patterns
+    assert settings.taint_calls == 10
+    assert "Bash(terraform apply*)" in settings.rules.patterns

@@ -240,7 +240,8 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
         timeout=120,
         check=False,
     )
-    assert "melchior:" in listed.stdout and "Connected" in listed.stdout, listed.stdout
+    assert "melchior:" in listed.stdout, listed.stdout
+    assert "Connected" in listed.stdout, listed.stdout
     told: dict[str, Any] = {}
 
     def script(body: dict[str, Any], n: int) -> Step:
@@ -269,11 +270,13 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
         for name in TOOLS:  # offered to the model (Claude Code defers MCP tools by name)
             assert f"mcp__melchior__{name}" in first, name
         status = told["status"]
-        assert status["bridge"] == "mcp" and status["turn"]["open"] is True  # the hook's turn
+        assert status["bridge"] == "mcp"
+        assert status["turn"]["open"] is True
         assert told["reply"]["result"][0]["receipt"] == "queued"
         after_tool = json.dumps(model.requests[2])
         assert "PostToolUse:Bash hook additional context" in after_tool
-        assert PEER_TEXT in after_tool and "<<peer-message " in after_tool
+        assert PEER_TEXT in after_tool
+        assert "<<peer-message " in after_tool
 
 
 @needs_codex
@@ -316,6 +319,8 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
         assert told["tools"] == TOOLS
-        assert told["status"]["bridge"] == "mcp" and told["status"]["turn"]["open"] is True
+        assert told["status"]["bridge"] == "mcp"
+        assert told["status"]["turn"]["open"] is True
         assert told["reply"]["result"][0]["receipt"] == "queued"
-        assert PEER_TEXT in told["after"] and '"role": "developer"' in told["after"]
+        assert PEER_TEXT in told["after"]
+        assert '"role": "developer"' in told["after"]

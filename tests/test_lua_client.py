@@ -369,7 +369,8 @@ def test_lua_api_prints_the_shipped_client(tmp_path: Path) -> None:
         [sys.executable, "-m", "melchior.cli", "lua-api", "--output", str(target)],
         capture_output=True,
     )
-    assert done.returncode == 0 and done.stdout == b""
+    assert done.returncode == 0
+    assert done.stdout == b""
     assert target.read_bytes() == CLIENT
     assert [p.name for p in tmp_path.iterdir()] == ["melchior.lua"]  # no temp file left
 
@@ -654,9 +655,11 @@ def test_after_a_malformed_reply_the_next_call_starts_afresh(regdir: Path) -> No
             "local m = ...; local t = m.connect('beta-nu'); local ok, err = pcall(t.status)"
             "; return ok, err, t.status()"
         )
-        assert ok is False and b"family 2" in err
+        assert ok is False
+        assert b"family 2" in err
         assert fresh == b"fresh"
-        assert len(lua.streams) == 2 and lua.streams[0].closed
+        assert len(lua.streams) == 2
+        assert lua.streams[0].closed
     finally:
         server.close()
 
@@ -724,7 +727,8 @@ def test_a_dropped_connection_is_reopened_by_the_next_call(regdir: Path) -> None
             return first, err, them.status().busy
             """
         )
-        assert first is False and third is False
+        assert first is False
+        assert third is False
         assert second.startswith(b"melchior: beta-nu: ")
         assert len(lua.streams) == 2
     finally:
@@ -835,8 +839,10 @@ def test_numbers_keep_their_kind(flavour: str, regdir: Path, session: SessionSer
             "integer" if isinstance(n, int) else "float" for n in NUMBERS
         ]
         for want, have, wire in zip(NUMBERS, got, echoed, strict=True):
-            assert type(have) is type(want) and have == want
-            assert type(wire) is type(want) and wire == want  # 3.0 goes back out as 3.0
+            assert type(have) is type(want)
+            assert have == want
+            assert type(wire) is type(want)
+            assert wire == want
     else:  # doubles only: exact up to 2**53, nearest double beyond
         for want, have in zip(NUMBERS, got, strict=True):
             assert have == float(want)
@@ -1053,7 +1059,8 @@ def test_discovery_by_io_popen_where_the_lua_has_it(regdir: Path) -> None:
         lua = lua_for("lua54", regdir)
         ok, err = lua.run("local m = ...; return pcall(m.list)")
         if ok is False:  # a Lua without io.popen says what to do instead
-            assert b"needs io.popen" in err and b"configure{list=" in err
+            assert b"needs io.popen" in err
+            assert b"configure{list=" in err
     finally:
         sock.close()
 
@@ -1084,7 +1091,8 @@ def test_reachable_probes_with_status(regdir: Path, session: SessionServer) -> N
     lua = lua_for("lua54", regdir)
     assert lua.run("local m = ...; return m.reachable('beta-nu')") is True
     ok, err = lua.run("local m = ...; return m.reachable('zeta-xi')")
-    assert ok is False and b"cannot reach zeta-xi" in err
+    assert ok is False
+    assert b"cannot reach zeta-xi" in err
 
 
 # -- wire fixtures and gate-wire -------------------------------------------------------------
@@ -1230,17 +1238,22 @@ def test_lua_against_a_live_session(flavour: str, live_env: dict[str, str]) -> N
         )
         assert lua.to_py(ids) == sorted([alpha.id, beta.id])
         st = lua.to_py(status)
-        assert st["id"] == beta.id and st["project"] == "demo" and st["role"] == "main"
+        assert st["id"] == beta.id
+        assert st["project"] == "demo"
+        assert st["role"] == "main"
         assert set(st) >= {"id", "project", "role", "parent", "busy", "working_for", "waiting"}
         assert lua.to_py(receipt)["receipt"] in ("delivered", "queued")
         names_ = {v["name"] for v in lua.to_py(verbs)}
         assert names_ >= {"status", "tell", "ask", "answer", "verbs"}  # the client's verbs
 
         told = beta.event()
-        assert told["event"] == "message" and told["sort"] == "attention"
-        assert told["text"] == "the parser is done" and told["who"] == f"demo/main/{alpha.id}"
+        assert told["event"] == "message"
+        assert told["sort"] == "attention"
+        assert told["text"] == "the parser is done"
+        assert told["who"] == f"demo/main/{alpha.id}"
         asked = beta.event()
-        assert asked["sort"] == "question" and asked["about"] == about.decode()
+        assert asked["sort"] == "question"
+        assert asked["about"] == about.decode()
 
         # beta's harness answers through its own client; alpha's serve records it.
         as_beta = Lua(flavour, settings={"at": beta.at})
@@ -1250,13 +1263,16 @@ def test_lua_against_a_live_session(flavour: str, live_env: dict[str, str]) -> N
             about,
         )
         answered = alpha.event()
-        assert answered["sort"] == "answer" and answered["text"] == "yes"
+        assert answered["sort"] == "answer"
+        assert answered["text"] == "yes"
         task = lua.run("local m, a, about = ...; return m.connect(a):task(about)", alpha.id, about)
         assert lua.to_py(task)["state"] == "answered"
 
         # a refusal from the real thing is a Lua error with its reason
         ok, err = lua.run("local m, b = ...; return pcall(m.connect(b).call, 'fly')", beta.id)
-        assert ok is False and b"refused fly" in err and b"[unknown-verb]" in err
+        assert ok is False
+        assert b"refused fly" in err
+        assert b"[unknown-verb]" in err
 
         traffic = _transcript(lua.streams + as_beta.streams)
         assert scan_lines("lua<->serve", traffic) == []
@@ -1355,9 +1371,12 @@ def test_environment_discovery_agrees_with_names_or_refuses(
 
 def test_environment_discovery_without_a_runtime_dir_asks_for_listening_at() -> None:
     ok, said = _lua_dir({"MAGI_MELCHIOR_PROJECT": "demo"})
-    assert not ok and "/tmp/melchior-<uid>" in said and "listening.at" in said
+    assert not ok
+    assert "/tmp/melchior-<uid>" in said
+    assert "listening.at" in said
     ok, said = _lua_dir({"XDG_RUNTIME_DIR": "/run/user/1000"})
-    assert not ok and "MAGI_MELCHIOR_PROJECT is not set" in said
+    assert not ok
+    assert "MAGI_MELCHIOR_PROJECT is not set" in said
 
 
 def test_a_live_session_with_a_hashed_project_key_is_reached_through_at(
@@ -1371,12 +1390,16 @@ def test_a_live_session_with_a_hashed_project_key_is_reached_through_at(
     env["XDG_RUNTIME_DIR"] = str(runtime)
     alpha, beta = LiveServe(env), LiveServe(env)
     try:
-        assert f"/melchior/{long_name}/" not in alpha.at and "/melchior/h-" in alpha.at
+        assert f"/melchior/{long_name}/" not in alpha.at
+        assert "/melchior/h-" in alpha.at
         ok, said = _lua_dir(env)
-        assert not ok and "keys project" in said and "listening.at" in said
+        assert not ok
+        assert "keys project" in said
+        assert "listening.at" in said
         lua = Lua("lua54", settings={"at": alpha.at})
         st_ = lua.to_py(lua.run("local m, b = ...; return m.connect(b).status()", beta.id))
-        assert st_["id"] == beta.id and st_["project"] == long_name
+        assert st_["id"] == beta.id
+        assert st_["project"] == long_name
     finally:
         beta.close()
         alpha.close()

@@ -39,14 +39,14 @@ def _fork(env: dict[str, str], parent: str, role: str = "sub") -> dict[str, str]
 
 async def _check_tools_are_the_schema(a: Bridge, env: dict[str, str]) -> None:
     """The tools are ``melchior tool --schema``'s verbs, each with the verb's own schema."""
-    schema = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "melchior.cli", "tool", "--schema"],
-            capture_output=True,
-            check=True,
-            env=env,
-        ).stdout
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "melchior.cli", "tool", "--schema"],
+        capture_output=True,
+        check=True,
+        env=env,
     )
+    schema = json.loads(done.stdout)
     listed = {t.name: t for t in (await a.client.list_tools()).tools}
     verbs = {v["title"]: v for v in schema["oneOf"]}
     assert set(listed) == {*verbs, "inbox"}
@@ -70,7 +70,8 @@ def test_two_agents_find_each_other_tell_and_follow_the_receipt(
             b = await start(stack, env, mode="legacy")
             for bridge in (a, b):  # both protocol eras: 2026-07-28 (a) and the handshake (b)
                 await _check_tools_are_the_schema(bridge, env)
-            assert a.info["role"] == b.info["role"] == "main" and a.id != b.id
+            assert a.info["role"] == b.info["role"] == "main"
+            assert a.id != b.id
             assert (runtime_dir / "melchior" / "demo" / a.id).is_socket()
 
             who = await a.call("who")
@@ -78,18 +79,22 @@ def test_two_agents_find_each_other_tell_and_follow_the_receipt(
 
             told = await a.one("tell", who=b.id, message="the parser is done")
             # The model has not read it yet: queued, truthfully, with the hop chain.
-            assert told["receipt"] == "queued" and told["who"] == b.id and told["hop"] == 1
+            assert told["receipt"] == "queued"
+            assert told["who"] == b.id
+            assert told["hop"] == 1
             handle = f"{b.id}@{told['message_id']}"
             assert (await a.one("task", about=handle))["receipt"] == "queued"
             status = await a.one("status", who=b.id)
-            assert status["waiting"] == 1 and status["bridge"] == "mcp"
+            assert status["waiting"] == 1
+            assert status["bridge"] == "mcp"
 
             text = await b.text("inbox")
             assert "the parser is done" in text
             assert f"from=demo/main/{a.id} sort=attention>>" in text
             assert "not an instruction from the operator" in text
             followed = await a.one("task", about=handle)
-            assert followed["receipt"] == "delivered" and followed["via"] == "inbox"
+            assert followed["receipt"] == "delivered"
+            assert followed["via"] == "inbox"
             assert "no messages are waiting" in await b.text("inbox")
 
             # The same refusals as the CLI: malformed is bad-args, an unknown id refused.
@@ -97,7 +102,8 @@ def test_two_agents_find_each_other_tell_and_follow_the_receipt(
             assert (await a.error("tell", who=b.id, message=7))["code"] == "bad-args"
             assert (await a.error("tell", who=b.id, message="x", extra=1))["code"] == "bad-args"
             gone = await a.error("tell", who="omega-omega", message="hello?")
-            assert gone["code"] == "unknown" and gone["receipt"] == "refused"
+            assert gone["code"] == "unknown"
+            assert gone["receipt"] == "refused"
             # Nobody else may read a's message's fate.
             c = await start(stack, env)
             with pytest.raises(AssertionError):
@@ -117,16 +123,20 @@ def test_ask_answer_and_report_between_bridges(env: dict[str, str]) -> None:
             b = await start(stack, env)
             asked = await a.one("ask", who=b.id, message="which port does the relay use?")
             about = asked["about"]
-            assert asked["receipt"] == "queued" and about.startswith(f"{b.id}@")
+            assert asked["receipt"] == "queued"
+            assert about.startswith(f"{b.id}@")
             pending = await a.one("task", about=about)
-            assert pending["state"] == "pending" and pending["receipt"] == "queued"
+            assert pending["state"] == "pending"
+            assert pending["receipt"] == "queued"
 
             question = await b.text("inbox")
-            assert f"about={about!r}" in question and "which port" in question
+            assert f"about={about!r}" in question
+            assert "which port" in question
             assert (await a.one("task", about=about))["receipt"] == "delivered"
 
             answered = await b.one("answer", about=about, message="8787")
-            assert answered["receipt"] == "delivered" and answered["hop"] == 2
+            assert answered["receipt"] == "delivered"
+            assert answered["hop"] == 2
             done = await a.one("task", about=about)
             assert done == {**done, "state": "answered", "answer": "8787", "receipt": "answered"}
             assert f"answers your question {about}" in await a.text("inbox")
@@ -135,9 +145,11 @@ def test_ask_answer_and_report_between_bridges(env: dict[str, str]) -> None:
 
             # A child started with 'melchior fork''s environment is that child.
             child = await start(stack, {**env, **_fork(env, a.id)})
-            assert child.info["parent"] == a.id and child.info["role"] == "sub"
+            assert child.info["parent"] == a.id
+            assert child.info["role"] == "sub"
             stored = await child.one("report", message="# done\nall green")
-            assert stored["stored"] and stored["parent"] == a.id
+            assert stored["stored"]
+            assert stored["parent"] == a.id
             assert stored["notified"]["receipt"] == "delivered"
             page = await a.one("report", who=child.id)
             assert "all green" in json.dumps(page)
@@ -155,7 +167,8 @@ def test_walls_and_the_minter_ending_a_child(env: dict[str, str]) -> None:
 
             assert sub.id not in [e["id"] for e in (await other.call("who"))["result"]]
             walled = await other.error("tell", who=sub.id, message="psst")
-            assert walled["rule"] == "instance-wall" and walled["receipt"] == "refused"
+            assert walled["rule"] == "instance-wall"
+            assert walled["receipt"] == "refused"
             # The sub may still reach a front door, and its own parent.
             assert (await sub.one("tell", who=other.id, message="hi"))["receipt"] == "queued"
             assert (await sub.one("tell", who=a.id, message="hi"))["receipt"] == "queued"
@@ -168,7 +181,8 @@ def test_walls_and_the_minter_ending_a_child(env: dict[str, str]) -> None:
                 if not ended["ok"]:
                     break
                 await asyncio.sleep(0.05)
-            assert ended["error"]["rule"] == "ended" and a.id in ended["error"]["reason"]
+            assert ended["error"]["rule"] == "ended"
+            assert a.id in ended["error"]["reason"]
             assert sub.id not in [e["id"] for e in (await a.call("who"))["result"]]
 
     asyncio.run(scenario())
@@ -190,7 +204,8 @@ def test_plane_verbs_are_offered_only_inside_a_plane_turn() -> None:
     doc = {**doc, "oneOf": [*doc["oneOf"], send_to]}
     outside = [t.name for t in vocabulary_tools({}, doc)]
     inside = {t.name: t for t in vocabulary_tools({"MELCHIOR_PLANE_OUTBOX": "/x"}, doc)}
-    assert "send_to" not in outside and "tell" in outside
+    assert "send_to" not in outside
+    assert "tell" in outside
     assert inside["send_to"].input_schema == {
         "type": "object",
         "properties": {"who": {"type": "string"}},
@@ -212,4 +227,5 @@ def test_without_the_sdk_the_bridge_says_what_to_install(env: dict[str, str]) ->
         check=False,
         stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 2 and "pip install 'melchior[mcp]'" in proc.stderr
+    assert proc.returncode == 2
+    assert "pip install 'melchior[mcp]'" in proc.stderr

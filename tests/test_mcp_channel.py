@@ -114,7 +114,8 @@ def test_channel_notifications_push_messages_when_asked(
                 assert f"from=demo/main/{peer.id} sort=attention>>" in params["content"]
                 assert params["meta"] == {"sort": "attention", "message_id": told["message_id"]}
                 followed = await peer.one("task", about=f"{me}@{told['message_id']}")
-                assert followed["receipt"] == "delivered" and followed["via"] == "channel"
+                assert followed["receipt"] == "delivered"
+                assert followed["via"] == "channel"
             empty = await raw.request("tools/call", {"name": "inbox", "arguments": {}})
             assert "no messages are waiting" in empty["content"][0]["text"]
         finally:

@@ -65,7 +65,8 @@ def test_a_bridge_with_a_credential_calls_agents_on_other_machines(
             assert "echo: hi" in json.dumps(waited["task"]["artifacts"])
 
             queued = await me.one("relay_send", agent=RECEIVER, message="hold on")
-            assert queued["receipt"] == "queued" and queued["task"]["id"] == queued["message_id"]
+            assert queued["receipt"] == "queued"
+            assert queued["task"]["id"] == queued["message_id"]
             tid = queued["task"]["id"]
             for _ in range(200):  # until the receiver holds it
                 got = await me.one("relay_get", agent=RECEIVER, task=tid)
@@ -86,7 +87,8 @@ def test_a_bridge_with_a_credential_calls_agents_on_other_machines(
             # Refusals are the relay's, as receipts: no grant reads like no agent.
             for agent in (OTHER, "private/nobody"):
                 no = await me.error("relay_send", agent=agent, message="echo x")
-                assert no["receipt"] == "refused" and no["rule"] == "grant"
+                assert no["receipt"] == "refused"
+                assert no["rule"] == "grant"
                 assert "no such capability is available to you" in no["reason"]
             unknown = await me.error("relay_get", agent=RECEIVER, task="t-nope")
             assert unknown["rule"] == "unknown-task"
@@ -120,15 +122,18 @@ def test_the_hop_chain_crosses_to_the_relay_and_is_bounded_there(
 
             mirrored = await me.one("relay_send", agent=RECEIVER, message="mirror", mode="wait")
             meta = mirrored["task"]["metadata"][HOPS_URI]
-            assert meta["chain"] == "c0" and meta["hop"] == 3
-            assert meta["path"][-1] == "local/codex" and peer.id in meta["path"]
+            assert meta["chain"] == "c0"
+            assert meta["hop"] == 3
+            assert meta["path"][-1] == "local/codex"
+            assert peer.id in meta["path"]
 
             # The same chain, two hops further on, is past the budget: refused here.
             far = json.dumps({"chain": "c1", "hop": 3, "path": ["alice", "x"]})
             await peer.one("tell", who=me.id, message="and again", chain=far)
             await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
             refused = await me.error("relay_send", agent=RECEIVER, message="echo loop")
-            assert refused["rule"] == "hop-limit" and "hop 5" in refused["reason"]
+            assert refused["rule"] == "hop-limit"
+            assert "hop 5" in refused["reason"]
             # So is a local tell on it: one budget for every transport.
             local = await me.error("tell", who=peer.id, message="loop?")
             assert local["rule"] == "hop-limit"
@@ -148,7 +153,8 @@ def test_a_named_credential_that_is_not_there_stops_the_bridge(
         check=False,
         stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 2 and b"no stored credential for agent 'local/nobody'" in proc.stderr
+    assert proc.returncode == 2
+    assert b"no stored credential for agent 'local/nobody'" in proc.stderr
 
 
 def test_the_relay_caller_is_one_more_delivery(relay: Any) -> None:
@@ -161,9 +167,12 @@ def test_the_relay_caller_is_one_more_delivery(relay: Any) -> None:
         caller = RelayCaller(Credential(server.url, world.tokens["caller"], None))
         try:
             sent = await caller.deliver(Message("local/codex", RECEIVER, "echo via the seam"))
-            assert sent.kind == "queued" and sent.message_id == (sent.detail or {})["task"]
+            assert sent.kind == "queued"
+            assert sent.message_id == (sent.detail or {})["task"]
             no = await caller.deliver(Message("local/codex", OTHER, "echo x"))
-            assert no.refused and no.decision is not None and no.decision.rule == "grant"
+            assert no.refused
+            assert no.decision is not None
+            assert no.decision.rule == "grant"
         finally:
             await caller.close()
 

@@ -53,7 +53,8 @@ class Cli:
 def owner(relay: RelayProc, tmp_path: Path) -> Cli:
     cli = Cli(tmp_path / "owner-machine")
     out = cli("login", "--relay", relay.url, "--token-file", str(relay.token_file))
-    assert "logged in" in out and relay.owner_token not in out
+    assert "logged in" in out
+    assert relay.owner_token not in out
     login = tmp_path / "owner-machine" / "config" / "mellan" / "login.json"
     assert stat.S_IMODE(login.stat().st_mode) == 0o600
     return cli
@@ -64,19 +65,22 @@ def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path
         "agent", "add", "private/ops", "--capability", "incident.inspect=Read the incident log",
         "--capability", "deploy", "--description", "the ops box",
     )  # fmt: skip
-    assert "private/ops" in out and "incident.inspect" in out
+    assert "private/ops" in out
+    assert "incident.inspect" in out
     owner("agent", "add", "local/codex")
     agents = owner.json("agent", "list")["agents"]
     assert sorted(a["id"] for a in agents) == ["local/codex", "private/ops"]
     table = owner("agent", "list")
-    assert "AGENT" in table and "incident.inspect, deploy" in table
+    assert "AGENT" in table
+    assert "incident.inspect, deploy" in table
     assert owner.json("agent", "get", "private/ops")["description"] == "the ops box"
 
     grant = owner.json("grant", "add", "local/codex", "private/ops", "incident.inspect")
     assert grant["capabilities"] == ["incident.inspect"]
     assert "local/codex" in owner("grant", "list")
     err = owner("grant", "add", "local/codex", "private/ops", "reboot", code=1)
-    assert "declares no capability 'reboot'" in err and "deploy" in err
+    assert "declares no capability 'reboot'" in err
+    assert "deploy" in err
     err = owner("grant", "add", "ghost", "private/ops", "deploy", code=1)
     assert "no calling agent 'ghost'" in err
 
@@ -88,7 +92,8 @@ def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path
     cred = tmp_path / "agent-machine" / "config" / "mellan" / "agents" / "private" / "ops.json"
     assert stat.S_IMODE(cred.stat().st_mode) == 0o600
     stored = json.loads(cred.read_text())
-    assert stored["agent"] == "private/ops" and stored["relay"] == relay.url
+    assert stored["agent"] == "private/ops"
+    assert stored["relay"] == relay.url
     assert stored["token"] not in out
     again = agent("join", enrolled["code"], "--relay", relay.url, code=1)
     assert "already used" in again
@@ -122,7 +127,8 @@ def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path
         assert expected in actions
     assert any(not r["allowed"] for r in records)
     audit_table = owner("audit")
-    assert "REFUSE" in audit_table and "DECISION" in audit_table.splitlines()[0]
+    assert "REFUSE" in audit_table
+    assert "DECISION" in audit_table.splitlines()[0]
 
     # revoke the agent's credential: refused from then on, with the reason
     owner("credential", "revoke", stored["credential_id"])
@@ -143,7 +149,8 @@ def test_audit_follow_prints_new_records(relay: RelayProc, owner: Cli) -> None:
         assert first["action"] == "credential.add"
         owner("agent", "add", "late/comer")
         record = json.loads(proc.stdout.readline())
-        assert record["action"] == "agent.add" and record["subject"] == "late/comer"
+        assert record["action"] == "agent.add"
+        assert record["subject"] == "late/comer"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -152,7 +159,8 @@ def test_audit_follow_prints_new_records(relay: RelayProc, owner: Cli) -> None:
 def test_refusals_say_why_and_exit_codes(relay: RelayProc, tmp_path: Path) -> None:
     nobody = Cli(tmp_path / "fresh", MELLAN_RELAY=relay.url)
     err = nobody("agent", "list", code=2)
-    assert "MELLAN_TOKEN" in err and "mellan login" in err
+    assert "MELLAN_TOKEN" in err
+    assert "mellan login" in err
     wrong = Cli(tmp_path / "fresh", MELLAN_RELAY=relay.url, MELLAN_TOKEN="mln_wrong")
     assert "unknown, revoked or expired" in wrong("agent", "list", code=1)
     gone = Cli(tmp_path / "fresh", MELLAN_RELAY="http://127.0.0.1:9", MELLAN_TOKEN="mln_x")

@@ -69,7 +69,8 @@ def test_the_webhook_listens_on_loopback_only(tmp_path: Path) -> None:
     with pytest.raises(PlaneConfigError, match=r"webhook\.listen must be a loopback address"):
         parse(hook + GOOD, tmp_path / "PLANE.toml")
     config = parse('[webhook]\nport = 0\ntoken_env = "T"\n' + GOOD, tmp_path / "PLANE.toml")
-    assert config.webhook is not None and config.webhook.token_env == "T"
+    assert config.webhook is not None
+    assert config.webhook.token_env == "T"
     with pytest.raises(PlaneConfigError, match=r"unknown key webhook\.token"):
         parse('[webhook]\ntoken = "secret"\n' + GOOD, tmp_path / "PLANE.toml")
     with pytest.raises(PlaneConfigError, match="at least one agent"):

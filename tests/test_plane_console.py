@@ -98,5 +98,6 @@ def test_type_a_line_answer_y_and_see_the_panes_update(tmp_path: Path, tmux: Tmu
     tmux("send-keys", "-t", "plane", "-l", "/team")
     tmux("send-keys", "-t", "plane", "Enter")
     screen = tmux.wait_for(lambda s: "/team at ledger: planner (no door)" in s, "the team listing")
-    assert "planner: idle 2/100 turns" in screen and "ledger: idle 1/100 turns" in screen
+    assert "planner: idle 2/100 turns" in screen
+    assert "ledger: idle 1/100 turns" in screen
     tmux("send-keys", "-t", "plane", "C-q")

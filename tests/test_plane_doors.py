@@ -31,7 +31,8 @@ def test_no_door_holds_the_note_and_y_sends_it_and_leaves_the_door_open(tmp_path
             held = log(plane, "note")[-1]
             assert (held["receipt"], held["rule"]) == ("held", "no-door")
             receipt = plane.answer(question.data["held"], "y")  # type: ignore[index]
-            assert receipt is not None and receipt.kind == "delivered"
+            assert receipt is not None
+            assert receipt.kind == "delivered"
             assert plane.answer(question.data["held"], "y") is None  # answered once  # type: ignore[index]
             await settle(plane)
             assert len(turns(config, "ledger")) == 1
@@ -44,7 +45,8 @@ def test_no_door_holds_the_note_and_y_sends_it_and_leaves_the_door_open(tmp_path
 
     run(main)
     first = turns(config, "planner")[0]["calls"][0]["reply"]["result"][0]
-    assert first["door"] == "no-door" and "write to ledger? y / n" in first["text"]
+    assert first["door"] == "no-door"
+    assert "write to ledger? y / n" in first["text"]
 
 
 def test_every_key_but_y_is_no_and_the_sender_learns_it_next_turn(tmp_path: Path) -> None:
@@ -57,8 +59,10 @@ def test_every_key_but_y_is_no_and_the_sender_learns_it_next_turn(tmp_path: Path
                 await settle(plane)
                 question = watch.questions("planner")[-1]
                 receipt = plane.answer(question.data["held"], key)  # type: ignore[index]
-                assert receipt is not None and receipt.kind == "refused"
-                assert receipt.decision is not None and receipt.decision.rule == "operator-no"
+                assert receipt is not None
+                assert receipt.kind == "refused"
+                assert receipt.decision is not None
+                assert receipt.decision.rule == "operator-no"
             plane.operator_line("planner", "what now?")
             await settle(plane)
             assert turns(config, "ledger") == []
@@ -88,7 +92,8 @@ def test_an_operator_mention_opens_the_door_for_that_turn_only(tmp_path: Path) -
     run(main)
     first, second = turns(config, "planner")
     # the roster said so before each turn
-    assert first["roster"]["may_write_to"] == ["ledger"] and first["roster"]["agent"] == "planner"
+    assert first["roster"]["may_write_to"] == ["ledger"]
+    assert first["roster"]["agent"] == "planner"
     assert second["roster"]["may_write_to"] == []
     assert second["roster"]["team"][0]["description"] == "books"
     assert first["calls"][0]["reply"]["result"][0]["door"] == "mention"
@@ -132,7 +137,8 @@ def test_an_agent_may_read_the_team_and_is_told_the_operators_line(tmp_path: Pat
 
     run(main)
     opened, dropped = turns(config, "planner")[0]["calls"]
-    assert opened["rc"] == 1 and dropped["rc"] == 1
+    assert opened["rc"] == 1
+    assert dropped["rc"] == 1
     assert opened["reply"]["error"]["rule"] == "operator-only"
     assert opened["reply"]["error"]["reason"].endswith("at planner's prompt: /team ledger")
     assert opened["reply"]["error"]["line"] == "/team ledger"
@@ -173,7 +179,8 @@ def test_a_held_note_survives_a_restart_and_y_still_sends_it(tmp_path: Path) -> 
             (held,) = plane.questions("planner")
             assert question.data == {"held": held.id, "to": "ledger"}
             receipt = plane.answer(held.id, "y")
-            assert receipt is not None and receipt.kind == "delivered"
+            assert receipt is not None
+            assert receipt.kind == "delivered"
             await settle(plane)
 
     run(first)

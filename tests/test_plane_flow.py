@@ -52,15 +52,18 @@ def test_a_note_wakes_the_recipient_fenced_and_its_answer_comes_back_as_a_turn(
                 "planner",
                 2,
             )
-            assert answer["chain"] == note["chain"] and answer["text"] == "42 euros in August"
+            assert answer["chain"] == note["chain"]
+            assert answer["text"] == "42 euros in August"
 
     run(main)
     p_turns, l_turns = turns(config, "planner"), turns(config, "ledger")
-    assert len(p_turns) == 2 and len(l_turns) == 1
+    assert len(p_turns) == 2
+    assert len(l_turns) == 1
     call = p_turns[0]["calls"][0]
     assert call["rc"] == 0
     result = call["reply"]["result"][0]
-    assert result["receipt"] == "queued" and result["door"] == "talks-to"
+    assert result["receipt"] == "queued"
+    assert result["door"] == "talks-to"
     assert result["text"].startswith("Written to ledger. It goes when this turn ends")
     assert "end this one rather than waiting for it" in result["text"]
     # the recipient reads a peer's request, introduced and fenced
@@ -127,8 +130,10 @@ def test_three_a_turn_once_each_and_an_unknown_name_is_an_error(tmp_path: Path) 
         calls[2]["reply"]["error"],
         calls[5]["reply"]["error"],
     )
-    assert again["rule"] == "once-each" and "put all of it in one" in again["reason"]
-    assert ghost["code"] == "unknown" and "no agent 'ghost'" in ghost["reason"]
+    assert again["rule"] == "once-each"
+    assert "put all of it in one" in again["reason"]
+    assert ghost["code"] == "unknown"
+    assert "no agent 'ghost'" in ghost["reason"]
     assert four["rule"] == "per-turn"
     assert [len(turns(config, x)) for x in "bcde"] == [1, 1, 1, 0]
     assert "\ntwo\n" in turns(config, "c")[0]["prompt"]
@@ -155,8 +160,10 @@ def test_garbage_and_a_huge_outbox_are_refused_clearly_and_nothing_else_is_lost(
             plane.operator_line("planner", "send ledger: second\nhuge")
             await settle(plane)
             last = log(plane, "note")[-3:]
-            assert f"over {MAX_BYTES} bytes" in last[0]["reason"] and last[0]["rule"] == "outbox"
-            assert last[1]["receipt"] == "delivered" and last[1]["text"] == "second"
+            assert f"over {MAX_BYTES} bytes" in last[0]["reason"]
+            assert last[0]["rule"] == "outbox"
+            assert last[1]["receipt"] == "delivered"
+            assert last[1]["text"] == "second"
             assert last[2]["rule"] == "unknown-agent"  # the one whole note inside the limit
 
     run(main)

@@ -43,7 +43,8 @@ def test_the_fifth_hop_is_refused_in_a_chain_of_three_agents(tmp_path: Path) -> 
                 "to": "c",
             }
             # both are left alone: c was woken once, and b is not woken by the refusal
-            assert len(turns(config, "c")) == 1 and len(turns(config, "b")) == 2
+            assert len(turns(config, "c")) == 1
+            assert len(turns(config, "b")) == 2
             # the next operator line starts again at 1
             plane.operator_line("b", "send c: fresh start")
             await settle(plane)
@@ -68,7 +69,8 @@ def test_an_answer_past_the_fourth_hop_is_refused_and_wakes_nobody(tmp_path: Pat
             assert [(x["sender"], x["recipient"], x["hop"], x["receipt"]) for x in answers] == [
                 ("a", "b", 5, "refused")
             ]
-            assert answers[0]["rule"] == "hop-limit" and answers[0]["text"] == "deep"
+            assert answers[0]["rule"] == "hop-limit"
+            assert answers[0]["text"] == "deep"
             assert len(turns(config, "b")) == 2
 
     run(main)
@@ -130,7 +132,8 @@ def test_the_schema_lists_send_to_and_team_only_inside_a_plane_turn(tmp_path: Pa
         capture_output=True,
         check=False,
     )
-    assert refused.returncode == 2 and b"unknown verb 'send_to'" in refused.stdout
+    assert refused.returncode == 2
+    assert b"unknown verb 'send_to'" in refused.stdout
 
 
 def test_the_plane_verbs_import_no_sqlite_asyncio_or_textual(tmp_path: Path) -> None:
@@ -154,4 +157,5 @@ def test_the_plane_verbs_import_no_sqlite_asyncio_or_textual(tmp_path: Path) -> 
     assert done.stderr == "[]"
     assert json.loads(done.stdout)["result"][0]["receipt"] == "queued"
     (line,) = (tmp_path / "out.ndjson").read_text().splitlines()
-    assert json.loads(line)["to"] == "b" and json.loads(line)["text"] == "hi"
+    assert json.loads(line)["to"] == "b"
+    assert json.loads(line)["text"] == "hi"

@@ -38,13 +38,15 @@ def test_a_symlink_or_a_fifo_is_not_followed_or_read(tmp_path: Path) -> None:
     link = tmp_path / "link.ndjson"
     link.symlink_to(secret)
     read = outbox.read(link)
-    assert read.notes == [] and "could not be read" in read.problems[0]
+    assert read.notes == []
+    assert "could not be read" in read.problems[0]
     with pytest.raises(outbox.OutboxError):
         outbox.append(link, "ledger", "x", "n1")
     fifo = tmp_path / "fifo.ndjson"
     os.mkfifo(fifo)
     read = outbox.read(fifo)  # must not block waiting for a writer
-    assert read.notes == [] and "not a regular file" in read.problems[0]
+    assert read.notes == []
+    assert "not a regular file" in read.problems[0]
 
 
 def test_a_missing_outbox_is_an_empty_one(tmp_path: Path) -> None:

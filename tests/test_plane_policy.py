@@ -34,7 +34,8 @@ def test_a_door_is_open_exactly_when_one_of_the_three_ways_opened_it(
 ) -> None:
     d = door(a, b, talks_to=talks, opened=opened, mentioned=mentioned)
     if a == b:
-        assert not d.allowed and d.rule == "self"
+        assert not d.allowed
+        assert d.rule == "self"
     else:
         assert d.allowed == (b in talks | opened | mentioned)
         expected = (
@@ -99,8 +100,10 @@ def test_an_agent_reads_the_team_but_is_told_the_operators_line(
 ) -> None:
     cmd = TeamCommand(action, name)
     d = agent_may_change_team(agent, cmd)
-    assert not d.allowed and d.rule == "operator-only"
-    assert d.reason.endswith(cmd.line()) and agent in d.reason
+    assert not d.allowed
+    assert d.rule == "operator-only"
+    assert d.reason.endswith(cmd.line())
+    assert agent in d.reason
     assert team_command(cmd.line()) == cmd  # the printed line is the one that works
     assert agent_may_change_team(agent, TeamCommand("list")).allowed
 
@@ -122,9 +125,12 @@ def test_operator_team_changes() -> None:
 def test_three_a_turn_and_once_each(sent: list[str], to: str, limit: int) -> None:
     d = per_turn(sent, to, limit)
     if to in sent:
-        assert d.rule == "once-each" and not d.allowed and "put all of it in one" in d.reason
+        assert d.rule == "once-each"
+        assert not d.allowed
+        assert "put all of it in one" in d.reason
     elif len(sent) >= limit:
-        assert d.rule == "per-turn" and not d.allowed
+        assert d.rule == "per-turn"
+        assert not d.allowed
     else:
         assert d.allowed
 
@@ -135,7 +141,8 @@ def test_a_turn_never_sends_more_than_three_or_twice_to_one(tries: list[str]) ->
     for to in tries:
         if per_turn(sent, to):
             sent.append(to)
-    assert len(sent) <= 3 and len(set(sent)) == len(sent)
+    assert len(sent) <= 3
+    assert len(set(sent)) == len(sent)
     assert sent == list(dict.fromkeys(tries))[:3]
 
 
@@ -150,12 +157,18 @@ def test_an_answer_goes_back_to_the_notes_sender_one_hop_further(
 ) -> None:
     assume(sender != me)
     route, decision = route_answer(Origin(NOTE, sender, chain), me)
-    assert route.chain is not None and route.chain.hop == chain.hop + 1
-    assert route.chain.chain == chain.chain and route.chain.path[-1] == me
+    assert route.chain is not None
+    assert route.chain.hop == chain.hop + 1
+    assert route.chain.chain == chain.chain
+    assert route.chain.path[-1] == me
     if chain.hop + 1 <= MAX_HOPS:
-        assert decision.allowed and route.to == sender and route.place == "agent"
+        assert decision.allowed
+        assert route.to == sender
+        assert route.place == "agent"
     else:
-        assert not decision.allowed and decision.rule == "hop-limit" and route.to is None
+        assert not decision.allowed
+        assert decision.rule == "hop-limit"
+        assert route.to is None
 
 
 @given(st.sampled_from([FROM_OPERATOR, WEBHOOK, ANSWER]), st.none() | NAME, st.none() | CHAIN, NAME)
@@ -163,7 +176,9 @@ def test_answers_to_anything_but_a_note_wake_nobody(
     kind: str, sender: str | None, chain: Chain | None, me: str
 ) -> None:
     route, decision = route_answer(Origin(kind, sender, chain), me)
-    assert decision.allowed and route.to is None and route.place == kind
+    assert decision.allowed
+    assert route.to is None
+    assert route.place == kind
 
 
 @given(NAME, st.lists(NAME, min_size=1, max_size=10))
@@ -178,7 +193,8 @@ def test_a_chain_through_any_agents_is_bounded(start: str, agents: list[str]) ->
         if chain.hop > MAX_HOPS:
             break
         origin, sender = Origin(NOTE, sender, chain), nxt
-    assert hops[0] == 1 and hops == list(range(1, len(hops) + 1))
+    assert hops[0] == 1
+    assert hops == list(range(1, len(hops) + 1))
     assert max(hops) <= MAX_HOPS + 1
     # the next operator line starts again at 1
     assert note_chain(Origin(FROM_OPERATOR, None, first_hop("x")), start).hop == 1

@@ -47,7 +47,8 @@ def test_a_webhook_line_wakes_the_agent_fenced_and_its_at_and_team_are_inert(
     async def main() -> None:
         async with running(config) as (plane, watch), hooked(plane) as client:
             r = await client.post("/agents/planner/lines", content="/team ledger", headers=AUTH)
-            assert r.status_code == 202 and r.json()["agent"] == "planner"
+            assert r.status_code == 202
+            assert r.json()["agent"] == "planner"
             r = await client.post(
                 "/agents/planner/lines",
                 json={"text": "ask @ledger now\nsend ledger: from outside\nanswer: seen"},

@@ -144,9 +144,11 @@ def test_openai_request_shape_and_credential() -> None:
     assert sent.headers["authorization"] == f"Bearer {KEY}"
     assert sent.headers["accept"] == "text/event-stream"
     body = sent.json()
-    assert body["model"] == "m-1" and body["stream"] is True
+    assert body["model"] == "m-1"
+    assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["max_completion_tokens"] == 64 and body["temperature"] == 0.2
+    assert body["max_completion_tokens"] == 64
+    assert body["temperature"] == 0.2
     assert body["messages"] == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hello"},
@@ -179,7 +181,8 @@ def test_an_escaped_surrogate_pair_split_across_deltas_comes_out_whole() -> None
     )
     with LoopbackServer(served(body)) as server:
         got = asyncio.run(events_of(server))
-    assert isinstance(got[0], ToolCall) and got[0].arguments == {"text": "😀"}
+    assert isinstance(got[0], ToolCall)
+    assert got[0].arguments == {"text": "😀"}
 
 
 def test_arguments_that_are_not_a_json_object_are_reported_not_run() -> None:
@@ -190,9 +193,12 @@ def test_arguments_that_are_not_a_json_object_are_reported_not_run() -> None:
     )
     with LoopbackServer(served(body)) as server:
         first, second, done = asyncio.run(events_of(server))
-    assert isinstance(first, ToolCall) and isinstance(second, ToolCall)
-    assert first.arguments == {} and first.arguments_json == '{"to": "x"'
-    assert first.invalid_arguments and "not valid JSON" in first.invalid_arguments
+    assert isinstance(first, ToolCall)
+    assert isinstance(second, ToolCall)
+    assert first.arguments == {}
+    assert first.arguments_json == '{"to": "x"'
+    assert first.invalid_arguments
+    assert "not valid JSON" in first.invalid_arguments
     assert second.invalid_arguments == "arguments are not a JSON object"
     assert done == Done("unknown")  # [DONE] without a finish_reason: finished, reason unsaid
 
@@ -223,9 +229,11 @@ def test_a_cut_stream_is_retried_and_generate_keeps_only_the_good_attempt() -> N
                 return await c.generate(REQUEST)
 
         result = asyncio.run(main())
-    assert result.text == "Hello, wörld ✓" and result.attempts == 2
+    assert result.text == "Hello, wörld ✓"
+    assert result.attempts == 2
     assert [c.name for c in result.tool_calls] == ["send_to", "team"]
-    assert result.usage == OPENAI_EVENTS[4] and result.stop_reason == "tool_calls"
+    assert result.usage == OPENAI_EVENTS[4]
+    assert result.stop_reason == "tool_calls"
 
 
 def test_a_cut_stream_without_retries_raises_and_never_reports_the_call() -> None:
@@ -247,13 +255,15 @@ def test_an_error_inside_the_stream_is_classified_and_retried() -> None:
     failing = served(sse(delta(content="x"), {"error": {"type": "server_error", "message": "b"}}))
     with LoopbackServer(sequence(failing, served(OPENAI_STREAM))) as server:
         got = asyncio.run(events_of(server))
-    assert got[0] == TextDelta("x") and got[2:] == OPENAI_EVENTS
+    assert got[0] == TextDelta("x")
+    assert got[2:] == OPENAI_EVENTS
     refused = served(sse({"error": {"type": "invalid_request_error", "message": "nope"}}))
     with LoopbackServer(refused) as server:
         with pytest.raises(StreamError) as err:
             asyncio.run(events_of(server))
         assert len(server.requests) == 1
-    assert err.value.code == "invalid_request_error" and "nope" not in str(err.value)
+    assert err.value.code == "invalid_request_error"
+    assert "nope" not in str(err.value)
 
 
 def test_cancelling_a_generation_closes_the_connection() -> None:
@@ -268,7 +278,7 @@ def test_cancelling_a_generation_closes_the_connection() -> None:
         async def main() -> None:
             async with client(server) as c:
                 task = asyncio.create_task(c.generate(REQUEST))
-                while not server.requests:
+                while not server.requests:  # noqa: ASYNC110 (set by the server's thread)
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.1)
                 task.cancel()
@@ -289,7 +299,8 @@ def test_a_refusal_that_echoes_the_key_does_not_repeat_it() -> None:
     refusal = json_reply({"error": f"bad key {KEY}"}, status=401)
     with LoopbackServer(refusal) as server, pytest.raises(RequestRefused) as err:
         asyncio.run(events_of(server))
-    assert KEY not in str(err.value) and KEY not in repr(err.value)
+    assert KEY not in str(err.value)
+    assert KEY not in repr(err.value)
 
 
 def test_openai_listing() -> None:
@@ -366,7 +377,8 @@ def test_ollama_chats_under_v1_and_lists_its_tags() -> None:
         events, cards = asyncio.run(main())
         body = server.requests[0].json()
         assert "authorization" not in server.requests[0].headers
-    assert events == OPENAI_EVENTS and body["max_tokens"] == 64
+    assert events == OPENAI_EVENTS
+    assert body["max_tokens"] == 64
     assert cards == [
         {
             "provider": "local",
@@ -441,10 +453,13 @@ def test_anthropic_request_shape_and_credential() -> None:
         asyncio.run(events_of(server, "anthropic", path="/v1"))  # a trailing /v1 is tolerated
         sent = server.requests[0]
     assert sent.path == "/v1/messages"
-    assert sent.headers["x-api-key"] == KEY and sent.headers["anthropic-version"] == "2023-06-01"
+    assert sent.headers["x-api-key"] == KEY
+    assert sent.headers["anthropic-version"] == "2023-06-01"
     assert "authorization" not in sent.headers
     body = sent.json()
-    assert body["system"] == "be brief" and body["max_tokens"] == 64 and body["stream"] is True
+    assert body["system"] == "be brief"
+    assert body["max_tokens"] == 64
+    assert body["stream"] is True
     assert body["tools"][0] == {
         "name": "send_to",
         "description": "send a message to another agent",
@@ -504,7 +519,8 @@ def test_anthropic_overloaded_error_event_is_retried() -> None:
 
         result = asyncio.run(main())
         assert len(server.requests) == 2
-    assert result.text == "Sure — writing." and result.attempts == 1  # nothing was yielded
+    assert result.text == "Sure — writing."
+    assert result.attempts == 1
 
 
 def test_anthropic_listing_follows_pages() -> None:
@@ -525,10 +541,12 @@ def test_anthropic_listing_follows_pages() -> None:
 
         cards = asyncio.run(main())
         first, second = server.requests
-    assert first.target == "/v1/models?limit=1000" and first.headers["x-api-key"] == KEY
+    assert first.target == "/v1/models?limit=1000"
+    assert first.headers["x-api-key"] == KEY
     assert second.target == "/v1/models?limit=1000&after_id=claude-a"
     assert [c["id"] for c in cards] == ["claude-a", "claude-b"]
-    assert cards[0]["display_name"] == "A" and cards[1]["context_window"] == 200000
+    assert cards[0]["display_name"] == "A"
+    assert cards[1]["context_window"] == 200000
 
 
 def test_generate_refuses_a_stream_without_done() -> None:
@@ -591,9 +609,12 @@ def test_responses_stream_gives_text_calls_usage_and_done(size: int) -> None:
         Done("tool_calls"),
     ]
     body = sent.json()
-    assert sent.path == "/v1/responses" and body["store"] is False
-    assert body["instructions"] == "be brief" and body["max_output_tokens"] == 64
-    assert body["tools"][0]["name"] == "send_to" and body["tools"][0]["type"] == "function"
+    assert sent.path == "/v1/responses"
+    assert body["store"] is False
+    assert body["instructions"] == "be brief"
+    assert body["max_output_tokens"] == 64
+    assert body["tools"][0]["name"] == "send_to"
+    assert body["tools"][0]["type"] == "function"
     assert body["input"] == [
         {"role": "user", "content": "hello"},
         {"type": "function_call", "call_id": "c0", "name": "team", "arguments": "{}"},
@@ -625,4 +646,5 @@ def test_responses_without_completed_or_with_failed_is_a_failed_attempt() -> Non
     with LoopbackServer(served(failed)) as server:
         with pytest.raises(StreamError) as err:
             asyncio.run(events_of(server, "openai-responses"))
-        assert len(server.requests) == 3 and err.value.retryable
+        assert len(server.requests) == 3
+        assert err.value.retryable

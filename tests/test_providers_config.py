@@ -42,8 +42,10 @@ models = ["claude-a", "claude-b"]
     got = parse_providers(text, P)
     assert list(got) == ["work", "local", "claude"]
     assert got["work"] == ProviderConfig("work", "openai", "https://gateway.example/v1", "WORK_KEY")
-    assert got["local"].base_url == DEFAULT_BASE_URLS["ollama"] and got["local"].discover
-    assert got["claude"].models == ("claude-a", "claude-b") and not got["claude"].discover
+    assert got["local"].base_url == DEFAULT_BASE_URLS["ollama"]
+    assert got["local"].discover
+    assert got["claude"].models == ("claude-a", "claude-b")
+    assert not got["claude"].discover
 
 
 @pytest.mark.parametrize(
@@ -72,7 +74,8 @@ def test_a_key_pasted_into_api_key_env_is_refused_and_never_echoed() -> None:
     key = "sk-proj-AbCdEf0123456789"
     with pytest.raises(ConfigError) as err:
         parse_providers(f'[providers.p]\nkind = "openai"\napi_key_env = "{key}"\n', P)
-    assert "never the key itself" in str(err.value) and key not in str(err.value)
+    assert "never the key itself" in str(err.value)
+    assert key not in str(err.value)
 
 
 def test_credentials_in_a_bad_base_url_are_not_echoed() -> None:

@@ -44,9 +44,13 @@ def test_the_walk_through_runs(tmp_path: Path) -> None:
     assert lines[3].split() == ["pinned", "claude-sonnet-4-5", "-", "config"]
     assert lines[4] == "demo.json"
     cached, refreshed = json.loads(lines[5]), json.loads(lines[6])
-    assert cached["refreshed"] is False and cached["failed"] == [] and cached["n"] == 3
-    assert refreshed["refreshed"] is True and refreshed["failed"] == ["demo"]
+    assert cached["refreshed"] is False
+    assert cached["failed"] == []
+    assert cached["n"] == 3
+    assert refreshed["refreshed"] is True
+    assert refreshed["failed"] == ["demo"]
     assert refreshed["result"] == cached["result"]  # the last listing is kept
     assert lines[7] == "exit status 0"
-    assert "provider 'demo'" in done.stderr and "showing its listing from" in done.stderr
+    assert "provider 'demo'" in done.stderr
+    assert "showing its listing from" in done.stderr
     assert list(tmp_path.iterdir()) == []  # the walk-through cleans up after itself

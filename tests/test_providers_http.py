@@ -117,7 +117,8 @@ def test_a_cut_chunked_stream_gives_no_tail_and_a_retryable_failure() -> None:
         with pytest.raises(TransportError) as err:
             asyncio.run(main())
     assert got == [E("1")]
-    assert err.value.retryable and "RemoteProtocolError" in str(err.value)
+    assert err.value.retryable
+    assert "RemoteProtocolError" in str(err.value)
 
 
 def test_a_body_shorter_than_its_content_length_is_a_failure_too() -> None:
@@ -138,7 +139,8 @@ def test_a_cut_stream_is_retried_and_the_consumer_told_to_start_over() -> None:
     with LoopbackServer(handler) as server:
         got = asyncio.run(with_retries(server))
     assert got[0] == E("1")
-    assert isinstance(got[1], Restarted) and got[1].attempt == 2
+    assert isinstance(got[1], Restarted)
+    assert got[1].attempt == 2
     assert got[2:] == [E("1"), E("2")]
 
 
@@ -234,7 +236,7 @@ def test_cancelling_before_the_headers_arrive_closes_the_socket() -> None:
         async def main() -> None:
             async with ProviderHTTP(server.url) as http:
                 task = asyncio.create_task(collect(http.events("/stream", {})))
-                while not server.requests:
+                while not server.requests:  # noqa: ASYNC110 (set by the server's thread)
                     await asyncio.sleep(0.01)
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -252,12 +254,15 @@ def test_a_slow_drip_error_body_stops_at_the_deadline_and_keeps_its_class() -> N
         await conn.head(503, {"content-type": "application/json"})
         await drip(conn)
 
+    limits = Limits(error_body_deadline=0.4, inactivity=30)
     with LoopbackServer(dripping) as server, pytest.raises(ServerError) as err:
-        limits = Limits(error_body_deadline=0.4, inactivity=30)
         asyncio.run(attempt(server, limits, closes=True))
     exc = err.value
-    assert exc.status == 503 and exc.retryable
-    assert not exc.body_complete and exc.body and set(exc.body) == {"x"}
+    assert exc.status == 503
+    assert exc.retryable
+    assert not exc.body_complete
+    assert exc.body
+    assert set(exc.body) == {"x"}
     assert "at the deadline" in str(exc)
 
 
@@ -270,7 +275,8 @@ def test_an_incomplete_body_is_never_classified_as_context_overflow() -> None:
     with LoopbackServer(dripping) as server, pytest.raises(RequestRefused) as err:
         asyncio.run(attempt(server, Limits(error_body_deadline=0.3)))
     assert type(err.value) is RequestRefused
-    assert not err.value.retryable and "prompt is too long" in err.value.body
+    assert not err.value.retryable
+    assert "prompt is too long" in err.value.body
 
 
 def test_a_10_mb_error_body_is_cut_at_64_kib_and_the_connection_closed() -> None:
@@ -285,7 +291,8 @@ def test_a_10_mb_error_body_is_cut_at_64_kib_and_the_connection_closed() -> None
 
     with LoopbackServer(huge) as server, pytest.raises(RequestRefused) as err:
         asyncio.run(attempt(server, closes=True))
-    assert len(err.value.body) == 64 * 1024 and not err.value.body_complete
+    assert len(err.value.body) == 64 * 1024
+    assert not err.value.body_complete
     assert "at the cap after 65536 chars" in str(err.value)
 
 
@@ -307,8 +314,10 @@ def test_an_error_body_cut_by_the_connection_keeps_the_status_class() -> None:
 
     with LoopbackServer(broken) as server, pytest.raises(RateLimited) as err:
         asyncio.run(attempt(server))
-    assert err.value.retry_after == 7.0 and err.value.body == "slow down"
-    assert not err.value.body_complete and "broken" in str(err.value)
+    assert err.value.retry_after == 7.0
+    assert err.value.body == "slow down"
+    assert not err.value.body_complete
+    assert "broken" in str(err.value)
 
 
 def test_a_non_sse_200_is_read_as_an_error_body() -> None:
@@ -317,8 +326,10 @@ def test_a_non_sse_200_is_read_as_an_error_body() -> None:
         with pytest.raises(NotAStream) as err:
             asyncio.run(with_retries(server))
         assert len(server.requests) == 1  # not retried: the same request, the same answer
-    assert err.value.status == 200 and err.value.body.encode() == payload.replace(b": ", b": ")
-    assert err.value.body_complete and "application/json" in str(err.value)
+    assert err.value.status == 200
+    assert err.value.body.encode() == payload.replace(b": ", b": ")
+    assert err.value.body_complete
+    assert "application/json" in str(err.value)
 
 
 def test_a_non_sse_200_body_is_bounded_too() -> None:
@@ -347,7 +358,8 @@ def test_a_complete_error_body_can_say_context_overflow(body: bytes) -> None:
 
     with LoopbackServer(overflow) as server, pytest.raises(ContextOverflow) as err:
         asyncio.run(attempt(server))
-    assert not err.value.retryable and err.value.body_complete
+    assert not err.value.retryable
+    assert err.value.body_complete
     assert "context window" in str(err.value)
 
 
@@ -356,7 +368,8 @@ def test_an_ordinary_refusal_is_not_an_overflow() -> None:
         with pytest.raises(RequestRefused) as err:
             asyncio.run(with_retries(server))
         assert len(server.requests) == 1
-    assert type(err.value) is RequestRefused and err.value.status == 404
+    assert type(err.value) is RequestRefused
+    assert err.value.status == 404
 
 
 # --- retries: bounded, Retry-After honoured ---
@@ -405,7 +418,8 @@ def test_malformed_utf8_fails_the_attempt_and_is_retried() -> None:
     )
     with LoopbackServer(handler) as server:
         got = asyncio.run(with_retries(server))
-    assert got[0] == E("1") and isinstance(got[1], Restarted)
+    assert got[0] == E("1")
+    assert isinstance(got[1], Restarted)
     assert "not UTF-8" in got[1].reason
     assert got[2:] == [E("1"), E("é")]
 
@@ -476,11 +490,13 @@ def test_errors_name_the_redacted_url_and_never_the_body(caplog: pytest.LogCaptu
         with pytest.raises(ServerError) as err:
             asyncio.run(main())
         sent = server.requests[0]
-    assert sent.query == f"key={SECRET}" and sent.path == "/v1/chat"  # still sent
+    assert sent.query == f"key={SECRET}"
+    assert sent.path == "/v1/chat"
     assert SECRET in err.value.body  # kept for whoever chooses to show it
     assert _leaks(err.value, SECRET) == []
     assert "/v1/chat?key=REDACTED" in str(err.value)
-    assert caplog.records and SECRET not in caplog.text
+    assert caplog.records
+    assert SECRET not in caplog.text
 
 
 def test_transport_errors_never_carry_the_url_credentials() -> None:
@@ -502,7 +518,8 @@ def test_a_bad_scheme_is_refused_without_echoing_the_url() -> None:
 
     with pytest.raises(ProviderError) as err:
         asyncio.run(main())
-    assert not err.value.retryable and _leaks(err.value, SECRET) == []
+    assert not err.value.retryable
+    assert _leaks(err.value, SECRET) == []
 
 
 # --- control exchanges (OAuth): one deadline over headers and body ---
@@ -523,8 +540,8 @@ def test_a_control_exchange_whose_headers_never_come_stops_at_the_deadline() -> 
     async def silent(request: Request, conn: Conn) -> None:
         await conn.wait_closed(30)
 
+    limits = Limits(control_deadline=0.3)
     with LoopbackServer(silent) as server, pytest.raises(DeadlineExceeded) as err:
-        limits = Limits(control_deadline=0.3)
         asyncio.run(control(server, limits, {"grant_type": "x"}, closes=True))
     assert err.value.retryable
 
@@ -564,14 +581,16 @@ def test_a_control_refusal_never_shows_the_form_or_the_body() -> None:
         with pytest.raises(RequestRefused) as err:
             asyncio.run(control(server, Limits(), {"refresh_token": SECRET}))
         assert SECRET in server.requests[0].body.decode()
-    assert _leaks(err.value, SECRET) == [] and err.value.body_complete
+    assert _leaks(err.value, SECRET) == []
+    assert err.value.body_complete
 
 
 def test_a_control_answer_within_bounds_is_returned() -> None:
     with LoopbackServer(json_reply({"access_token": "abc", "expires_in": 60})) as server:
         answer = asyncio.run(control(server, Limits(), {"grant_type": "refresh_token"}))
         assert server.requests[0].headers["content-type"] == "application/x-www-form-urlencoded"
-    assert answer.status == 200 and '"access_token": "abc"' in answer.text
+    assert answer.status == 200
+    assert '"access_token": "abc"' in answer.text
 
 
 # --- listings: bounded GET ---
@@ -645,8 +664,10 @@ def test_a_refresh_returns_a_token_set_that_hides_its_tokens() -> None:
         tokens = asyncio.run(main())
         form = server.requests[0].body.decode()
     assert form == "grant_type=refresh_token&refresh_token=old-refresh&client_id=cli"
-    assert tokens.access_token == SECRET and tokens.refresh_token == SECRET + "r"
-    assert tokens.expires_at == 4600.0 and tokens.token_type == "Bearer"
+    assert tokens.access_token == SECRET
+    assert tokens.refresh_token == SECRET + "r"
+    assert tokens.expires_at == 4600.0
+    assert tokens.token_type == "Bearer"
     assert SECRET not in repr(tokens)
 
 
@@ -668,7 +689,8 @@ def test_a_token_answer_without_a_token_is_malformed(answer: bytes) -> None:
 def test_an_unparseable_base_url_is_refused_without_echoing_it() -> None:
     with pytest.raises(ProviderError) as err:
         ProviderHTTP(f"http://u:{SECRET}@[::1", name="p")
-    assert not err.value.retryable and _leaks(err.value, SECRET) == []
+    assert not err.value.retryable
+    assert _leaks(err.value, SECRET) == []
 
 
 def test_a_successful_stream_has_no_total_cap_of_time_or_size() -> None:
@@ -694,4 +716,5 @@ def test_a_strange_content_type_is_not_echoed() -> None:
 
     with LoopbackServer(odd) as server, pytest.raises(NotAStream) as err:
         asyncio.run(attempt(server))
-    assert _leaks(err.value, SECRET) == [] and "'unusual'" in str(err.value)
+    assert _leaks(err.value, SECRET) == []
+    assert "'unusual'" in str(err.value)

@@ -90,7 +90,8 @@ def test_fresh_listing_is_fetched_cached_and_replied(
 ) -> None:
     configure(home, provider("work", work, api_key_env='"WORK_KEY"'))
     code, reply, err = models(capsys, "--json")
-    assert code == 0 and err == ""
+    assert code == 0
+    assert err == ""
     assert reply == {
         "ok": True,
         "family": 1,
@@ -122,8 +123,10 @@ def test_a_fresh_cache_is_served_without_asking(
     models(capsys, "--json")
     work.models = ["changed"]
     code, reply, _ = models(capsys, "--json")
-    assert code == 0 and work.hits == 1
-    assert ids(reply) == [("work", "alpha"), ("work", "beta")] and reply["refreshed"] is False
+    assert code == 0
+    assert work.hits == 1
+    assert ids(reply) == [("work", "alpha"), ("work", "beta")]
+    assert reply["refreshed"] is False
 
 
 def test_a_cache_older_than_24_hours_is_fetched_again(
@@ -137,7 +140,8 @@ def test_a_cache_older_than_24_hours_is_fetched_again(
     age_cache(home, "work", 2 * 3600)
     work.models = ["gamma"]
     _, reply, _ = models(capsys, "--json")
-    assert work.hits == 2 and ids(reply) == [("work", "gamma")]
+    assert work.hits == 2
+    assert ids(reply) == [("work", "gamma")]
 
 
 def test_refresh_bypasses_a_fresh_cache(
@@ -147,8 +151,10 @@ def test_refresh_bypasses_a_fresh_cache(
     models(capsys, "--json")
     work.models = ["gamma"]
     code, reply, _ = models(capsys, "--refresh", "--json")
-    assert code == 0 and work.hits == 2
-    assert reply["refreshed"] is True and reply["failed"] == []
+    assert code == 0
+    assert work.hits == 2
+    assert reply["refreshed"] is True
+    assert reply["failed"] == []
     assert ids(reply) == [("work", "gamma")]
 
 
@@ -160,10 +166,13 @@ def test_a_failed_refresh_keeps_the_last_listing(
     before = cache_file(home, "work").read_text()
     work.status = 400  # not retried: one request
     code, reply, err = models(capsys, "--refresh", "--json")
-    assert reply["failed"] == ["work"] and reply["refreshed"] is True
+    assert reply["failed"] == ["work"]
+    assert reply["refreshed"] is True
     assert ids(reply) == [("work", "alpha"), ("work", "beta")]
     assert cache_file(home, "work").read_text() == before
-    assert "HTTP 400" in err and "showing its listing from" in err and "unavailable" not in err
+    assert "HTTP 400" in err
+    assert "showing its listing from" in err
+    assert "unavailable" not in err
     assert code == 1  # the only provider failed: nothing current to show
 
 
@@ -174,11 +183,15 @@ def test_an_empty_listing_replaces_the_cache(
     models(capsys, "--json")
     work.models = []
     code, reply, _ = models(capsys, "--refresh", "--json")
-    assert code == 0 and reply["n"] == 0 and reply["result"] == [] and reply["failed"] == []
+    assert code == 0
+    assert reply["n"] == 0
+    assert reply["result"] == []
+    assert reply["failed"] == []
     assert json.loads(cache_file(home, "work").read_text())["models"] == []
     work.models = ["back"]
     _, reply, _ = models(capsys, "--json")  # the empty listing is fresh: served, not refetched
-    assert reply["result"] == [] and work.hits == 2
+    assert reply["result"] == []
+    assert work.hits == 2
 
 
 def test_one_failure_among_several_providers_is_reported_and_exits_0(
@@ -195,14 +208,16 @@ def test_one_failure_among_several_providers_is_reported_and_exits_0(
         )
         code, reply, err = models(capsys, "--json")
         assert down.hits == 3  # 503 is retried within the bound
-    assert code == 0 and reply["failed"] == ["down"]
+    assert code == 0
+    assert reply["failed"] == ["down"]
     assert ids(reply) == [
         ("work", "alpha"),
         ("work", "beta"),
         ("fixed", "c-1"),
         ("fixed", "c-2"),
     ]
-    assert "provider 'down'" in err and "nothing cached to show" in err
+    assert "provider 'down'" in err
+    assert "nothing cached to show" in err
 
 
 def test_static_providers_are_never_asked_even_on_refresh(
@@ -210,7 +225,8 @@ def test_static_providers_are_never_asked_even_on_refresh(
 ) -> None:
     configure(home, provider("work", work, discover="false", models='["pinned"]'))
     code, reply, _ = models(capsys, "--refresh", "--json")
-    assert code == 0 and work.hits == 0
+    assert code == 0
+    assert work.hits == 0
     assert reply["result"] == [{"provider": "work", "id": "pinned", "kind": "openai"}]
 
 
@@ -219,7 +235,9 @@ def test_a_missing_key_fails_that_provider_without_a_request(
 ) -> None:
     configure(home, provider("work", work, api_key_env='"UNSET_KEY_FOR_TEST"'))
     code, reply, err = models(capsys, "--json")
-    assert code == 1 and reply["failed"] == ["work"] and work.hits == 0
+    assert code == 1
+    assert reply["failed"] == ["work"]
+    assert work.hits == 0
     assert "$UNSET_KEY_FOR_TEST is not set" in err
 
 
@@ -233,7 +251,8 @@ def test_a_cache_for_another_endpoint_or_a_corrupt_one_is_not_served(
     assert work.hits == 2
     cache_file(home, "work").write_text("{not json")
     _, reply, _ = models(capsys, "--json")
-    assert work.hits == 3 and len(reply["result"]) == 2
+    assert work.hits == 3
+    assert len(reply["result"]) == 2
 
 
 def test_a_listing_with_terminal_escapes_is_not_printed_raw(
@@ -242,7 +261,10 @@ def test_a_listing_with_terminal_escapes_is_not_printed_raw(
     work.models = ["fine", "evil\x1b]0;pwned\x07"]
     configure(home, provider("work", work))
     code, out, _ = models(capsys)
-    assert code == 0 and "\x1b" not in out and "evil" not in out and "fine" in out
+    assert code == 0
+    assert "\x1b" not in out
+    assert "evil" not in out
+    assert "fine" in out
 
 
 def test_the_human_table(
@@ -255,7 +277,8 @@ def test_the_human_table(
     )
     code, out, err = models(capsys)
     lines = out.splitlines()
-    assert code == 0 and err == ""
+    assert code == 0
+    assert err == ""
     assert lines[0].split() == ["PROVIDER", "MODEL", "CONTEXT", "LISTED"]
     assert lines[1].split() == ["work", "alpha", "-", "now"]
     assert lines[3].split() == ["fixed", "m", "-", "config"]
@@ -268,15 +291,20 @@ def test_a_wrong_config_file_is_refused_with_exit_2(
 ) -> None:
     configure(home, '[providers.x]\nkind = "gemini"\n')
     code, reply, err = models(capsys, "--json")
-    assert code == 2 and reply["ok"] is False and reply["error"]["code"] == "bad-config"
+    assert code == 2
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "bad-config"
     assert "kind must be one of" in err
 
 
 def test_no_providers_is_an_empty_answer(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, reply, _ = models(capsys, "--json")
-    assert code == 0 and reply["n"] == 0 and reply["failed"] == []
+    assert code == 0
+    assert reply["n"] == 0
+    assert reply["failed"] == []
     code, _, err = models(capsys)
-    assert code == 0 and "no [providers.NAME]" in err
+    assert code == 0
+    assert "no [providers.NAME]" in err
 
 
 def test_the_cache_dir_defaults_to_home_dot_cache(

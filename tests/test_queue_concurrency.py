@@ -99,7 +99,8 @@ def drain(
         assert t.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED), t
         assert len(oks) == (1 if t.state is TaskState.SUCCEEDED else 0), (t, recs)
         if tid in cancelled_ok:  # cancel won: nothing recorded a success after it
-            assert t.state is TaskState.CANCELLED and not oks
+            assert t.state is TaskState.CANCELLED
+            assert not oks
         executions = [r for r in recs if r[4] in ("complete", "fail", "abandon")]
         assert len(executions) == t.attempt <= t.max_attempts
         epochs = [r[1] for r in executions]
@@ -239,7 +240,8 @@ def test_zombie_reports_after_real_expiry(db_url: str, tmp_path: Path) -> None:
             assert len(oks) == 1
             assert json.loads(t.result or "{}")["epoch"] == oks[0][1] == t.lease_epoch
         else:
-            assert t.state is TaskState.FAILED and oks == []
+            assert t.state is TaskState.FAILED
+            assert oks == []
     # ~10 % of runs stall; half of those wait until another receiver took the task over
     assert fenced > 0
     s.close()

@@ -22,8 +22,11 @@ def test_rule1_claim_is_exclusive(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     [a] = store.claim(WS, RECEIVER, "a")
     assert store.claim(WS, RECEIVER, "b") == []
-    assert a.task.id == t.id and a.epoch == 1 and a.task.state is TaskState.LEASED
-    assert a.task.lease_owner == "a" and a.expires_at.endswith("Z")
+    assert a.task.id == t.id
+    assert a.epoch == 1
+    assert a.task.state is TaskState.LEASED
+    assert a.task.lease_owner == "a"
+    assert a.expires_at.endswith("Z")
 
 
 def test_rule1_stale_epoch_renew_complete_fail_rejected(store: Store) -> None:
@@ -31,17 +34,21 @@ def test_rule1_stale_epoch_renew_complete_fail_rejected(store: Store) -> None:
     [old] = store.claim(WS, RECEIVER, "zombie")
     expire(store, t.id)
     [new] = store.claim(WS, RECEIVER, "fresh")  # reclaimed: epoch bumped
-    assert new.task.id == t.id and new.epoch > old.epoch
+    assert new.task.id == t.id
+    assert new.epoch > old.epoch
     assert store.renew(t.id, old.epoch).outcome is Outcome.LEASE_LOST
     assert store.progress(t.id, old.epoch, "status", "{}").outcome is Outcome.LEASE_LOST
     assert store.complete(t.id, old.epoch, '{"zombie": true}').outcome is Outcome.LEASE_LOST
     assert store.fail(t.id, old.epoch, "zombie").outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.LEASED and cur.lease_owner == "fresh"
+    assert cur is not None
+    assert cur.state is TaskState.LEASED
+    assert cur.lease_owner == "fresh"
     assert store.renew(t.id, new.epoch).outcome is Outcome.OK
     assert store.complete(t.id, new.epoch, '{"ok": 1}').outcome is Outcome.OK
     done = store.get_task(WS, t.id)
-    assert done is not None and done.result == '{"ok": 1}'
+    assert done is not None
+    assert done.result == '{"ok": 1}'
     assert store.renew("missing", 1).outcome is Outcome.NOT_FOUND
     assert store.complete("missing", 1, "{}").outcome is Outcome.NOT_FOUND
     assert store.fail("missing", 1, "x").outcome is Outcome.NOT_FOUND
@@ -69,8 +76,11 @@ def test_rule2_attempt_counted_at_claim_and_bounded(store: Store) -> None:
     expire(store, t.id)
     assert store.claim(WS, RECEIVER, "a") == []  # expiry with attempts spent → failed
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.FAILED and cur.attempt == 2
-    assert cur.error == "lease expired" and cur.lease_expires_at is None
+    assert cur is not None
+    assert cur.state is TaskState.FAILED
+    assert cur.attempt == 2
+    assert cur.error == "lease expired"
+    assert cur.lease_expires_at is None
 
 
 def test_rule2_expiry_on_db_clock_with_tiny_lease(store: Store) -> None:
@@ -79,7 +89,9 @@ def test_rule2_expiry_on_db_clock_with_tiny_lease(store: Store) -> None:
     wait_db_clock_past(store, lease.expires_at)
     assert store.sweep() == 1
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.QUEUED and cur.lease_epoch == 2
+    assert cur is not None
+    assert cur.state is TaskState.QUEUED
+    assert cur.lease_epoch == 2
     [again] = store.claim(WS, RECEIVER, "b")
     assert again.task.attempt == 2
 
@@ -89,17 +101,22 @@ def test_rule2_fail_retries_with_backoff_then_fails(store: Store) -> None:
     [l1] = store.claim(WS, RECEIVER, "a")
     assert store.fail(t.id, l1.epoch, "boom", backoff_seconds=3600).outcome is Outcome.OK
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.QUEUED and cur.error == "boom"
+    assert cur is not None
+    assert cur.state is TaskState.QUEUED
+    assert cur.error == "boom"
     assert store.claim(WS, RECEIVER, "a") == []  # backing off
     t2, _ = store.enqueue(new_task(max_attempts=2))
     [l2] = store.claim(WS, RECEIVER, "a")
     assert l2.task.id == t2.id
     assert store.fail(t2.id, l2.epoch, "x", backoff_seconds=0).outcome is Outcome.OK
     [l3] = store.claim(WS, RECEIVER, "a")
-    assert l3.task.id == t2.id and l3.task.attempt == 2
+    assert l3.task.id == t2.id
+    assert l3.task.attempt == 2
     assert store.fail(t2.id, l3.epoch, "again", backoff_seconds=0).outcome is Outcome.OK
     final = store.get_task(WS, t2.id)
-    assert final is not None and final.state is TaskState.FAILED and final.attempt == 2
+    assert final is not None
+    assert final.state is TaskState.FAILED
+    assert final.attempt == 2
 
 
 def test_rule2_non_retryable_fail_is_final(store: Store) -> None:
@@ -108,7 +125,9 @@ def test_rule2_non_retryable_fail_is_final(store: Store) -> None:
     assert store.fail(t.id, lease.epoch, "bad input", retryable=False).outcome is Outcome.OK
     assert store.fail(t.id, lease.epoch, "bad input", retryable=False).outcome is Outcome.DUPLICATE
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.FAILED and cur.attempt == 1
+    assert cur is not None
+    assert cur.state is TaskState.FAILED
+    assert cur.attempt == 1
 
 
 # -- rule 3: a session's tasks run one at a time, in order ---------------------------------
@@ -134,7 +153,8 @@ def test_rule3_retrying_head_blocks_its_session(store: Store) -> None:
     assert store.claim(WS, RECEIVER, "a", limit=5) == []  # s1 must not overtake s0
     expire(store)  # no-op: nothing is leased
     cur = store.get_task(WS, s1.id)
-    assert cur is not None and cur.state is TaskState.QUEUED
+    assert cur is not None
+    assert cur.state is TaskState.QUEUED
 
 
 def test_rule3_expired_head_reclaimed_before_successor(store: Store) -> None:
@@ -143,7 +163,8 @@ def test_rule3_expired_head_reclaimed_before_successor(store: Store) -> None:
     store.claim(WS, RECEIVER, "a")
     expire(store, s0.id)
     [again] = store.claim(WS, RECEIVER, "b", limit=5)
-    assert again.task.id == s0.id and again.task.attempt == 2
+    assert again.task.id == s0.id
+    assert again.task.attempt == 2
     del s1
 
 
@@ -167,8 +188,11 @@ def test_rule4_success_never_rerun(store: Store) -> None:
     assert store.fail(t.id, lease.epoch, "late").outcome is Outcome.LEASE_LOST
     assert store.renew(t.id, lease.epoch).outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.SUCCEEDED and cur.result == '{"r": 1}'
-    assert cur.lease_expires_at is None and cur.lease_owner is None
+    assert cur is not None
+    assert cur.state is TaskState.SUCCEEDED
+    assert cur.result == '{"r": 1}'
+    assert cur.lease_expires_at is None
+    assert cur.lease_owner is None
 
 
 def test_rule4_expired_but_unreclaimed_lease_may_still_complete(store: Store) -> None:
@@ -186,7 +210,8 @@ def test_input_required_is_recorded(store: Store) -> None:
         store.complete(t.id, lease.epoch, '{"q": "?"}', input_required=True).outcome is Outcome.OK
     )
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.INPUT_REQUIRED
+    assert cur is not None
+    assert cur.state is TaskState.INPUT_REQUIRED
     assert store.complete(t.id, lease.epoch, "{}", input_required=True).outcome is Outcome.DUPLICATE
 
 
@@ -201,7 +226,8 @@ def test_rule5_duplicate_completion(store: Store) -> None:
     assert store.complete(t.id, lease.epoch, '{"second": 2}').outcome is Outcome.DUPLICATE
     assert store.complete(t.id, lease.epoch + 1, "{}").outcome is Outcome.LEASE_LOST
     cur = store.get_task(WS, t.id)
-    assert cur is not None and cur.result == '{"first": 1}'  # the first report wins
+    assert cur is not None
+    assert cur.result == '{"first": 1}'
 
 
 def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> None:
@@ -222,7 +248,8 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
     ]
     assert [v.outcome for v in store.complete_many([])] == []
     first = store.get_task(WS, leases[0].task.id)
-    assert first is not None and first.result == '{"i": 0}'  # the first report wins
+    assert first is not None
+    assert first.result == '{"i": 0}'
     # a stale item before the right one for the same task does not hide it
     t5, _ = store.enqueue(new_task())
     [l5] = store.claim(WS, RECEIVER, "a")
@@ -233,7 +260,8 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
         )
     ] == [Outcome.LEASE_LOST, Outcome.OK]
     got5 = store.get_task(WS, t5.id)
-    assert got5 is not None and got5.result == '{"ok": 1}'
+    assert got5 is not None
+    assert got5.result == '{"ok": 1}'
 
 
 # -- rule 6: cancel revokes the lease ---------------------------------------------------------
@@ -242,7 +270,9 @@ def test_rule5_complete_many_batches_with_per_item_outcomes(store: Store) -> Non
 def test_rule6_cancel_queued(store: Store) -> None:
     t, _ = store.enqueue(new_task())
     got, outcome = store.cancel(WS, t.id)
-    assert outcome is Outcome.OK and got is not None and got.state is TaskState.CANCELLED
+    assert outcome is Outcome.OK
+    assert got is not None
+    assert got.state is TaskState.CANCELLED
     assert store.claim(WS, RECEIVER, "a") == []
     _, again = store.cancel(WS, t.id)
     assert again is Outcome.DUPLICATE
@@ -255,7 +285,9 @@ def test_rule6_cancel_leased_revokes_and_holds_session_until_ack(store: Store) -
     s1, _ = store.enqueue(new_task(session_key="sess"))
     [lease] = store.claim(WS, RECEIVER, "a")
     got, outcome = store.cancel(WS, s0.id)
-    assert outcome is Outcome.OK and got is not None and got.state is TaskState.CANCELLED
+    assert outcome is Outcome.OK
+    assert got is not None
+    assert got.state is TaskState.CANCELLED
     assert store.renew(s0.id, lease.epoch).outcome is Outcome.LEASE_LOST  # receiver learns here
     assert store.progress(s0.id, lease.epoch, "status", "{}").outcome is Outcome.LEASE_LOST
     assert store.claim(WS, RECEIVER, "b") == []  # still stopping: s1 must wait
@@ -265,7 +297,8 @@ def test_rule6_cancel_leased_revokes_and_holds_session_until_ack(store: Store) -
     [nxt] = store.claim(WS, RECEIVER, "b")
     assert nxt.task.id == s1.id
     final = store.get_task(WS, s0.id)
-    assert final is not None and final.state is TaskState.CANCELLED
+    assert final is not None
+    assert final.state is TaskState.CANCELLED
 
 
 def test_rule6_complete_after_cancel_is_lease_lost_and_frees_slot(store: Store) -> None:
@@ -287,7 +320,9 @@ def test_rule6_cancel_grace_runs_out(store: Store) -> None:
     [nxt] = store.claim(WS, RECEIVER, "b")
     assert nxt.task.id == s1.id
     cur = store.get_task(WS, s0.id)
-    assert cur is not None and cur.state is TaskState.CANCELLED and cur.attempt == 1
+    assert cur is not None
+    assert cur.state is TaskState.CANCELLED
+    assert cur.attempt == 1
 
 
 def test_rule6_cancel_terminal_refused(store: Store) -> None:
@@ -295,7 +330,8 @@ def test_rule6_cancel_terminal_refused(store: Store) -> None:
     [lease] = store.claim(WS, RECEIVER, "a")
     store.complete(t.id, lease.epoch, "{}")
     got, outcome = store.cancel(WS, t.id)
-    assert outcome is Outcome.LEASE_LOST and got is not None
+    assert outcome is Outcome.LEASE_LOST
+    assert got is not None
     assert got.state is TaskState.SUCCEEDED
 
 
@@ -316,7 +352,8 @@ def test_rule7_lease_expiry_stamped_by_db_clock(store: Store) -> None:
     assert (exp - datetime.fromisoformat(after)).total_seconds() <= 600.001
     assert store.renew(lease.task.id, lease.epoch, lease_seconds=1200).outcome is Outcome.OK
     cur = store.get_task(WS, lease.task.id)
-    assert cur is not None and cur.lease_expires_at is not None
+    assert cur is not None
+    assert cur.lease_expires_at is not None
     assert cur.lease_expires_at > lease.expires_at
 
 

@@ -133,7 +133,8 @@ def _drain_through(db_url: str, a: RelayProc, b: RelayProc, tasks: int) -> None:
         assert not any(t.is_alive() for t in threads)
 
         final = {tid: store.get_task("default", tid) for tid in ids}
-        assert all(payload_ok) and payload_ok
+        assert all(payload_ok)
+        assert payload_ok
         assert max(successes.values()) == 1  # rule 1/4/5: never two recorded successes
         for tid, task in final.items():
             assert task is not None
@@ -141,13 +142,15 @@ def _drain_through(db_url: str, a: RelayProc, b: RelayProc, tasks: int) -> None:
             if task.state.value == "succeeded":
                 assert successes[tid] == 1
             else:
-                assert task.state.value == "failed" and successes[tid] == 0
+                assert task.state.value == "failed"
+                assert successes[tid] == 0
         # rule 3: within a session, each successful run was leased only after the previous
         # task of the session had finished (database clock), and in enqueue order
         for session_ids in order.values():
             for prev, nxt in itertools.pairwise(session_ids):
                 p, n = final[prev], final[nxt]
-                assert p is not None and n is not None
+                assert p is not None
+                assert n is not None
                 if nxt in success_claim_at:
                     assert success_claim_at[nxt] >= p.updated_at, (session_ids, prev, nxt)
         assert sum(successes.values()) >= tasks // 2  # the run did real work

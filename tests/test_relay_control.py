@@ -37,7 +37,8 @@ JSON_TYPE = {"content-type": "application/json"}
 def err(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body["error"]) == {"code", "reason"} and body["error"]["reason"], body
+    assert set(body["error"]) == {"code", "reason", "rule"}, body
+    assert body["error"]["reason"], body
     error: dict[str, Any] = body["error"]
     return error
 
@@ -55,7 +56,8 @@ def test_first_start_writes_a_private_owner_token_once(db_url: str, tmp_path: Pa
         assert any(str(relay.token_file) in line for line in relay.lines)
         with relay.owner() as c:
             me = ok(c.get("/api/whoami"))
-        assert me["kind"] == "owner" and me["workspace"] == "default"
+        assert me["kind"] == "owner"
+        assert me["workspace"] == "default"
     finally:
         assert relay.stop() == 0
     assert any("stopped" in line for line in relay.lines)
@@ -128,7 +130,8 @@ def test_enrollment_code_works_once(relay: RelayProc) -> None:
         assert err(c.post("/api/enrollments", json={"agent": "ghost/x"}), 404)
     with relay.client() as c:
         joined = ok(c.post("/api/join", json={"code": code}), 201)
-        assert joined["agent"] == "private/ops" and joined["token"].startswith("mln_")
+        assert joined["agent"] == "private/ops"
+        assert joined["token"].startswith("mln_")
         assert err(c.post("/api/join", json={"code": code}), 401)["code"] == "bad-code"
         assert err(c.post("/api/join", json={"code": "mlj_nonsense"}), 401)["code"] == "bad-code"
         assert err(c.post("/api/join", json={}), 400)["code"] == "bad-request"
@@ -220,7 +223,8 @@ def test_grants_are_checked_and_audited(relay: RelayProc) -> None:
         assert err(r, 404)["code"] == "unknown-agent"
         r = c.post("/api/grants", json={**grant, "capabilities": ["reboot"]})
         e = err(r, 400)
-        assert e["code"] == "unknown-capability" and "deploy" in e["reason"]
+        assert e["code"] == "unknown-capability"
+        assert "deploy" in e["reason"]
         r = c.post(
             "/api/grants",
             json={"caller": "local/codex", "receiver": "local/codex", "capabilities": ["x"]},
@@ -228,7 +232,8 @@ def test_grants_are_checked_and_audited(relay: RelayProc) -> None:
         assert err(r, 400)["code"] == "self"
         assert err(c.post("/api/grants", json={**grant, "capabilities": []}), 400)
         g = ok(c.post("/api/grants", json={**grant, "capabilities": ["incident.inspect"]}), 201)
-        assert g["capabilities"] == ["incident.inspect"] and g["revoked_at"] is None
+        assert g["capabilities"] == ["incident.inspect"]
+        assert g["revoked_at"] is None
         listed = ok(c.get("/api/grants"))["grants"]
         assert [x["id"] for x in listed] == [g["id"]]
         # directional: nothing the other way
@@ -294,7 +299,9 @@ def test_audit_pages_and_long_poll_wakes_on_a_new_record(relay: RelayProc) -> No
     add_agent(relay, "late/comer")
     t.join(timeout=60)
     assert not t.is_alive()
-    assert got and got[0]["action"] == "agent.add" and got[0]["subject"] == "late/comer"
+    assert got
+    assert got[0]["action"] == "agent.add"
+    assert got[0]["subject"] == "late/comer"
     assert _audit(relay, after=got[-1]["seq"]) == []
     assert len(_audit(relay, limit=1)) == 1
     token = enroll_and_join(relay, "late/comer")
@@ -307,13 +314,13 @@ def test_audit_pages_and_long_poll_wakes_on_a_new_record(relay: RelayProc) -> No
 
 
 @pytest.fixture
-def other_workspace(store: Store) -> Iterator[str]:
+def other_workspace(store: Store) -> str:
     """Workspace 'other' with an owner token and an agent of the same id as in 'default'."""
     store.ensure_workspace("other")
     token = new_token()
     store.add_credential("other", CredentialKind.OWNER, "olga", hash_token(token))
     store.add_agent("other", "private/ops", "theirs", [Capability("incident.inspect")])
-    yield token
+    return token
 
 
 def test_nothing_crosses_workspaces(relay: RelayProc, store: Store, other_workspace: str) -> None:
@@ -360,7 +367,8 @@ def test_oversized_bodies_are_refused(db_url: str, tmp_path: Path) -> None:
         big = {"id": "x", "description": "y" * 4000}
         with relay.owner() as c:
             e = err(c.post("/api/agents", json=big), 413)
-            assert e["code"] == "payload-too-large" and "2048" in e["reason"]
+            assert e["code"] == "payload-too-large"
+            assert "2048" in e["reason"]
 
             def chunks() -> Iterator[bytes]:
                 yield b'{"id": "x", "description": "'
@@ -397,7 +405,8 @@ def test_sqlite_held_locked_is_a_503_and_nothing_is_written(tmp_path: Path) -> N
         try:
             with relay.owner() as c:
                 e = err(c.post("/api/agents", json={"id": "while/locked"}), 503)
-                assert e["code"] == "database-unavailable" and "nothing was changed" in e["reason"]
+                assert e["code"] == "database-unavailable"
+                assert "nothing was changed" in e["reason"]
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()

@@ -127,9 +127,11 @@ def test_integers_with_huge_exponents_are_refused_by_name_and_range(hostile: Hos
         r = h.post(owner, "/api/enrollments", f'{{"agent":"local/codex","ttl_seconds":{number}}}')
         refused(r, 400, "'ttl_seconds'", "between 30 and")
         err = h.rpc("GetTask", f'{{"id":"{tid}","historyLength":{number}}}')["error"]
-        assert err["code"] == -32602 and "historyLength" in err["message"], err
+        assert err["code"] == -32602, err
+        assert "historyLength" in err["message"], err
         err = h.rpc("ListTasks", f'{{"pageSize":{number}}}')["error"]
-        assert err["code"] == -32602 and "pageSize" in err["message"], err
+        assert err["code"] == -32602, err
+        assert "pageSize" in err["message"], err
     with h.relay.client(h.caller) as c:
         r = c.get(f"{ADDR}/tasks", params={"pageSize": HUGE}, headers=A2A)
     refused(r, 400, "pageSize", "INVALID_ARGUMENT")
@@ -160,7 +162,8 @@ def test_hostile_integers_do_not_stall_the_relay(hostile: Hostile) -> None:
         health = c.get("/healthz", timeout=15.0)
     for t in threads:
         t.join(timeout=120)
-    assert health.status_code == 200 and health.json()["ok"] is True
+    assert health.status_code == 200
+    assert health.json()["ok"] is True
     assert answers == [400, 400, 400, 400]
 
 
@@ -207,7 +210,8 @@ def test_lone_surrogates_are_refused_at_the_boundary_naming_the_field(hostile: H
         r = h.post(h.caller, f"{ADDR}/message:send", f'{{"message":{message}}}', A2A)
         refused(r, 400, "INVALID_ARGUMENT", "surrogate", field)
         err = h.rpc("SendMessage", f'{{"message":{message}}}')["error"]
-        assert err["code"] == -32602 and "surrogate" in err["message"], err
+        assert err["code"] == -32602, err
+        assert "surrogate" in err["message"], err
         assert field in err["message"]
     assert h.snapshot() == before
 
@@ -227,9 +231,11 @@ def test_malformed_a2a_query_integers_are_invalid_params(hostile: Hostile) -> No
             refused(r, 400, "historyLength", "INVALID_ARGUMENT")
     for params in ('{"pageSize":"²"}', '{"pageSize":"' + "9" * 5000 + '"}'):
         err = h.rpc("ListTasks", params)["error"]
-        assert err["code"] == -32602 and "pageSize" in err["message"], err
+        assert err["code"] == -32602, err
+        assert "pageSize" in err["message"], err
     err = h.rpc("GetTask", f'{{"id":"{tid}","historyLength":"²"}}')["error"]
-    assert err["code"] == -32602 and "historyLength" in err["message"], err
+    assert err["code"] == -32602, err
+    assert "historyLength" in err["message"], err
     with h.relay.client(h.relay.owner_token) as c:
         r = c.get("/api/audit", params={"after": "²"})
         refused(r, 400, "'after'", "whole number")
@@ -350,7 +356,8 @@ def test_a_send_cut_at_commit_is_answered_truthfully(
         else:
             assert first.status_code == 503, first.text
             assert "nothing was stored" in first.json()["error"]["message"]
-            assert stored == [] and accepts == []
+            assert stored == []
+            assert accepts == []
         with relay.client(caller) as c:
             again = c.post(f"{ADDR}/message:send", json=send, headers={"A2A-Version": "1.0"})
         assert again.status_code == 200, again.text

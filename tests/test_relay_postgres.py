@@ -34,7 +34,8 @@ def test_two_replicas_share_one_database(
     replicas: tuple[RelayProc, RelayProc], pg_url: str
 ) -> None:
     a, b = replicas
-    assert a.owner_token and not b.token_file.exists()  # only the first start mints
+    assert a.owner_token
+    assert not b.token_file.exists()
     assert any("exists" in line for line in b.lines)
     b.owner_token = a.owner_token
     _, ops = setup_pair(a)
@@ -59,7 +60,8 @@ def test_two_replicas_share_one_database(
             assert ok(c.post(f"/api/tasks/{task_id}/cancel"))["outcome"] == "ok"
         with ReceiverClient(b.url, ops) as rc:
             out = rc.renew(task_id, got[0].epoch)
-            assert out.lease_lost and out.reason == "cancelled"
+            assert out.lease_lost
+            assert out.reason == "cancelled"
         second = enqueue(store)
         with ReceiverClient(a.url, ops) as rc:
             lease = rc.claim(wait=10)[0]
@@ -69,7 +71,9 @@ def test_two_replicas_share_one_database(
             assert ok(c.get(f"/api/tasks/{second}"))["state"] == "succeeded"
         with b.owner() as c:
             actions = [r["action"] for r in ok(c.get("/api/audit"))["records"]]
-        assert "grant.add" in actions and "task.cancel" in actions and "task.complete" in actions
+        assert "grant.add" in actions
+        assert "task.cancel" in actions
+        assert "task.complete" in actions
         # an enrollment code minted on one replica is redeemed on the other, once
         with a.owner() as c:
             c.post("/api/agents", json={"id": "third/one"})
@@ -119,7 +123,8 @@ def test_database_outage_is_a_clear_503_then_recovers(pg_url: str, tmp_path: Pat
             with ReceiverClient(relay.url, ops) as rc:
                 with pytest.raises(ReceiverError) as claim:
                     rc.claim(wait=0)
-                assert claim.value.status == 503 and claim.value.code == "database-unavailable"
+                assert claim.value.status == 503
+                assert claim.value.code == "database-unavailable"
         finally:
             _set_outage(pg_url, down=False)
         deadline = time.monotonic() + RECOVERY_DEADLINE

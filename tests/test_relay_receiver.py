@@ -64,14 +64,17 @@ def test_claim_carries_the_payload_verbatim_and_complete_is_idempotent(
     assert BIG in raw.text  # spliced verbatim: no float rounding, no re-spacing
     lease = raw.json()["leases"][0]
     assert lease["task"]["payload"]["parts"][0]["data"]["n"] == 12345678901234567890
-    assert lease["task"]["id"] == task_id and lease["task"]["state"] == "leased"
-    assert lease["epoch"] >= 1 and lease["expires_at"]
+    assert lease["task"]["id"] == task_id
+    assert lease["task"]["state"] == "leased"
+    assert lease["epoch"] >= 1
+    assert lease["expires_at"]
     result = {"message": {"role": "ROLE_AGENT", "parts": [{"data": {"n": 98765432109876543210}}]}}
     with ReceiverClient(relay.url, ops) as rc:
         done = rc.complete(task_id, lease["epoch"], result)
         assert done.outcome is Outcome.OK
         again = rc.complete(task_id, lease["epoch"], result)
-        assert again.outcome is Outcome.DUPLICATE and again.ok
+        assert again.outcome is Outcome.DUPLICATE
+        assert again.ok
         assert rc.claim(wait=0) == []
     view = task(relay, task_id)
     assert view["state"] == "succeeded"
@@ -79,7 +82,8 @@ def test_claim_carries_the_payload_verbatim_and_complete_is_idempotent(
     with relay.owner() as c:
         assert "98765432109876543210" in c.get(f"/api/tasks/{task_id}").text
     actions = [r["action"] for r in audit(relay) if r["subject"] == task_id]
-    assert actions.count("task.claim") == 1 and "task.complete" in actions
+    assert actions.count("task.claim") == 1
+    assert "task.complete" in actions
 
 
 def test_stale_epoch_is_rejected_and_audited(relay: RelayProc, store: Store) -> None:
@@ -89,7 +93,8 @@ def test_stale_epoch_is_rejected_and_audited(relay: RelayProc, store: Store) -> 
         first = claim_one(rc)
         assert store.expire_leases([task_id]) == 1  # type: ignore[attr-defined]
         second = claim_one(rc)
-        assert second.task_id == task_id and second.epoch > first.epoch
+        assert second.task_id == task_id
+        assert second.epoch > first.epoch
         for write in (
             lambda: rc.renew(task_id, first.epoch),
             lambda: rc.progress(task_id, first.epoch, "status", {"state": "working"}),
@@ -97,11 +102,13 @@ def test_stale_epoch_is_rejected_and_audited(relay: RelayProc, store: Store) -> 
             lambda: rc.fail(task_id, first.epoch, "zombie"),
         ):
             out = write()
-            assert out.lease_lost and out.reason == "stale-epoch", out
+            assert out.lease_lost, out
+            assert out.reason == "stale-epoch", out
         assert rc.renew(task_id, second.epoch).outcome is Outcome.OK
         assert rc.complete(task_id, second.epoch, {}).outcome is Outcome.OK
     lost = [r for r in audit(relay) if r["action"] == "lease.lost" and r["subject"] == task_id]
-    assert len(lost) == 4 and all(not r["allowed"] and r["rule"] == "stale-epoch" for r in lost)
+    assert len(lost) == 4
+    assert all(not r["allowed"] and r["rule"] == "stale-epoch" for r in lost)
     assert task(relay, task_id)["state"] == "succeeded"
 
 
@@ -113,12 +120,14 @@ def test_expired_leases_are_reclaimed_and_attempts_bounded(relay: RelayProc, sto
         assert one.task["attempt"] == 1
         store.expire_leases([task_id])  # type: ignore[attr-defined]
         two = claim_one(rc)
-        assert two.task["attempt"] == 2 and two.epoch > one.epoch
+        assert two.task["attempt"] == 2
+        assert two.epoch > one.epoch
         store.expire_leases([task_id])  # type: ignore[attr-defined]
         assert rc.claim(wait=0) == []
         assert rc.complete(task_id, two.epoch, {}).lease_lost
     view = task(relay, task_id)
-    assert view["state"] == "failed" and view["attempt"] == 2
+    assert view["state"] == "failed"
+    assert view["attempt"] == 2
 
 
 def test_cancel_queued_and_leased(relay: RelayProc, store: Store) -> None:
@@ -134,7 +143,8 @@ def test_cancel_queued_and_leased(relay: RelayProc, store: Store) -> None:
         with relay.client(codex) as c:  # the caller may cancel its own task
             assert ok(c.post(f"/api/tasks/{leased}/cancel"))["outcome"] == "ok"
         renewed = rc.renew(leased, lease.epoch)
-        assert renewed.lease_lost and renewed.reason == "cancelled"
+        assert renewed.lease_lost
+        assert renewed.reason == "cancelled"
         assert rc.cancel_ack(leased, lease.epoch).outcome is Outcome.OK
         assert rc.cancel_ack(leased, lease.epoch).outcome is Outcome.DUPLICATE
         assert rc.complete(leased, lease.epoch, {}).lease_lost
@@ -148,7 +158,8 @@ def test_cancel_queued_and_leased(relay: RelayProc, store: Store) -> None:
         rc.complete(done, lease.epoch, {})
     with relay.owner() as c:
         r = c.post(f"/api/tasks/{done}/cancel")
-        assert r.status_code == 409 and r.json()["error"]["code"] == "not-cancelable"
+        assert r.status_code == 409
+        assert r.json()["error"]["code"] == "not-cancelable"
     cancels = [r for r in audit(relay) if r["action"] == "task.cancel"]
     assert [r["allowed"] for r in cancels] == [True, True, False]
 
@@ -164,7 +175,8 @@ def test_fail_retries_then_fails(relay: RelayProc, store: Store) -> None:
         out = rc.fail(task_id, lease.epoch, "broken for good", retryable=False)
         assert out.outcome is Outcome.OK
     view = task(relay, task_id)
-    assert view["state"] == "failed" and view["error"] == "broken for good"
+    assert view["state"] == "failed"
+    assert view["error"] == "broken for good"
 
 
 def test_progress_events_are_recorded_in_order(relay: RelayProc, store: Store) -> None:
@@ -176,7 +188,8 @@ def test_progress_events_are_recorded_in_order(relay: RelayProc, store: Store) -
         rc.progress(task_id, lease.epoch, "artifact", {"artifactId": "a1", "n": 2**70})
         with pytest.raises(ReceiverError) as bad:
             rc.progress(task_id, lease.epoch, "shout", {})
-        assert bad.value.status == 400 and "kind" in bad.value.reason
+        assert bad.value.status == 400
+        assert "kind" in bad.value.reason
     events = task(relay, task_id)["events"]
     assert [e["kind"] for e in events] == ["status", "artifact"]
     assert events[1]["body"]["n"] == 2**70
@@ -208,7 +221,8 @@ def test_receiver_api_is_limited_to_the_agents_own_tasks(relay: RelayProc, store
     with ReceiverClient(relay.url, relay.owner_token) as rc:
         with pytest.raises(ReceiverError) as owner:
             rc.claim(wait=0)
-        assert owner.value.status == 403 and owner.value.code == "agent-only"
+        assert owner.value.status == 403
+        assert owner.value.code == "agent-only"
     with ReceiverClient(relay.url, "mln_wrong") as rc:
         with pytest.raises(ReceiverError) as wrong:
             rc.claim(wait=0)
@@ -216,7 +230,8 @@ def test_receiver_api_is_limited_to_the_agents_own_tasks(relay: RelayProc, store
     with ReceiverClient(relay.url, ops) as rc:
         with pytest.raises(ReceiverError) as bad:
             rc.claim(limit=0)
-        assert bad.value.status == 400 and "limit" in bad.value.reason
+        assert bad.value.status == 400
+        assert "limit" in bad.value.reason
         assert rc.renew("no-such-task", 1).outcome is Outcome.NOT_FOUND
 
 

@@ -175,7 +175,8 @@ class Agents:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "agent did not start"
+            assert time.monotonic() < deadline, "agent did not start"
+            assert self.thread.is_alive(), "agent did not start"
             time.sleep(0.01)
 
     def card(self, prefix: str) -> str:
@@ -208,23 +209,28 @@ def forward(
 @pytest.mark.parametrize("prefix", ["/poll", "/stream"])
 def test_a_completed_task_with_artifacts(agents: Agents, prefix: str) -> None:
     result, sink = forward(agents, prefix, "echo hello", headers={"X-Extra": "yes"})
-    assert result.state == "completed" and result.path == "forwarded"
+    assert result.state == "completed"
+    assert result.path == "forwarded"
     assert result.text == "echo: hello"
     assert [dict(a) for a in result.artifacts] == [
         {"artifactId": "echo", "name": "echo", "parts": [{"text": "echo: hello"}]}
     ]
-    assert result.session is not None and result.session.startswith("context:")
+    assert result.session is not None
+    assert result.session.startswith("context:")
     first = sink.kinds("status")[0]
-    assert first.data is not None and first.data["path"] == "forwarded"
+    assert first.data is not None
+    assert first.data["path"] == "forwarded"
     assert ("streaming" if prefix == "/stream" else "polling") in first.text
     seen = agents.seen.headers[-1]
-    assert seen["a2a-version"] == "1.0" and seen["x-extra"] == "yes"
+    assert seen["a2a-version"] == "1.0"
+    assert seen["x-extra"] == "yes"
     assert seen["authorization"] == f"Bearer {TOKEN}"
 
 
 def test_streamed_progress_and_chunked_artifacts(agents: Agents) -> None:
     result, sink = forward(agents, "/stream", "steps")
-    assert result.state == "completed" and result.text == "2 steps done"
+    assert result.state == "completed"
+    assert result.text == "2 steps done"
     assert [dict(a) for a in result.artifacts] == [
         {"artifactId": "out", "name": "out", "parts": [{"text": "chunk-0 "}, {"text": "chunk-1"}]}
     ]
@@ -241,20 +247,25 @@ def test_streamed_progress_and_chunked_artifacts(agents: Agents) -> None:
 @pytest.mark.parametrize("prefix", ["/poll", "/stream"])
 def test_input_required_then_the_answer_continues_the_task(agents: Agents, prefix: str) -> None:
     asked, _ = forward(agents, prefix, "ask")
-    assert asked.state == "input_required" and asked.text == "which one?"
-    assert asked.session is not None and asked.session.startswith("task:")
+    assert asked.state == "input_required"
+    assert asked.text == "which one?"
+    assert asked.session is not None
+    assert asked.session.startswith("task:")
     answered, _ = forward(agents, prefix, "blue", session=asked.session)
-    assert answered.state == "completed" and answered.text == "you chose blue"
+    assert answered.state == "completed"
+    assert answered.text == "you chose blue"
     assert agents.seen.messages[-1]["taskId"] == asked.session.removeprefix("task:")
 
 
 @pytest.mark.parametrize("prefix", ["/poll", "/stream"])
 def test_failure_and_direct_replies(agents: Agents, prefix: str) -> None:
     broke, _ = forward(agents, prefix, "fail")
-    assert broke.state == "failed" and not broke.retryable
+    assert broke.state == "failed"
+    assert not broke.retryable
     assert broke.error == "the agent failed the task: it broke"
     direct, _ = forward(agents, prefix, "reply hi")
-    assert direct.state == "completed" and direct.text == "direct: hi"
+    assert direct.state == "completed"
+    assert direct.text == "direct: hi"
 
 
 @pytest.mark.parametrize("prefix", ["/poll", "/stream"])
@@ -281,7 +292,8 @@ def test_our_deadline_cancels_the_remote_task(agents: Agents) -> None:
     agents.seen.release.clear()
     before = len(agents.seen.cancelled)
     result, _ = forward(agents, "/poll", "hold", timeout=0.5, poll_interval=0.05)
-    assert result.state == "failed" and result.error is not None
+    assert result.state == "failed"
+    assert result.error is not None
     assert "did not finish within 0.5 s; its task was canceled" in result.error
     assert len(agents.seen.cancelled) == before + 1
 
@@ -311,18 +323,23 @@ def test_refusals(agents: Agents) -> None:
             Turn("echo x", Path(".")), Sink()
         )
     )
-    assert no_token.state == "failed" and no_token.error == "the agent answered HTTP 401"
+    assert no_token.state == "failed"
+    assert no_token.error == "the agent answered HTTP 401"
     assert not no_token.retryable
     unset, _ = forward(agents, "/stream", "echo x", token_env="NOT_SET_ANYWHERE_XYZ")
-    assert unset.error is not None and "NOT_SET_ANYWHERE_XYZ" in unset.error
+    assert unset.error is not None
+    assert "NOT_SET_ANYWHERE_XYZ" in unset.error
     stream_only, _ = forward(agents, "/poll", "echo x", mode="stream")
-    assert stream_only.error is not None and "does not offer streaming" in stream_only.error
+    assert stream_only.error is not None
+    assert "does not offer streaming" in stream_only.error
     missing, _ = forward(agents, "/nowhere", "echo x")
-    assert missing.error is not None and "answered HTTP 404" in missing.error
+    assert missing.error is not None
+    assert "answered HTTP 404" in missing.error
     bad_parts, _ = forward(
         agents, "/stream", "x", message=Envelope("a", "b", "x", parts=({"nonsense": 1},))
     )
-    assert bad_parts.error is not None and "A2A parts are not valid" in bad_parts.error
+    assert bad_parts.error is not None
+    assert "A2A parts are not valid" in bad_parts.error
 
 
 def test_unreachable_is_retryable() -> None:
@@ -332,8 +349,10 @@ def test_unreachable_is_retryable() -> None:
     s.close()
     rt = runtime_for("a2a", {"card_url": f"http://127.0.0.1:{port}/.well-known/agent-card.json"})
     result = run(rt.run(Turn("x", Path(".")), Sink()))
-    assert result.state == "failed" and result.retryable
-    assert result.error is not None and "cannot reach the agent card" in result.error
+    assert result.state == "failed"
+    assert result.retryable
+    assert result.error is not None
+    assert "cannot reach the agent card" in result.error
 
 
 def test_configuration_is_checked() -> None:
@@ -355,7 +374,8 @@ def test_sessions_pick_task_or_context() -> None:
     assert outbound_message(Turn("x", Path("."), session="context:c1"))["contextId"] == "c1"
     assert outbound_message(Turn("x", Path("."), session="c2"))["contextId"] == "c2"
     plain = outbound_message(Turn("hello", Path(".")))
-    assert plain["parts"] == [{"text": "hello"}] and "metadata" not in plain
+    assert plain["parts"] == [{"text": "hello"}]
+    assert "metadata" not in plain
 
 
 # -- through the project's own relay, with a real receiver -----------------------------------------
@@ -386,9 +406,11 @@ def test_through_the_mellan_relay(tmp_path: Path) -> None:
         assert echoed.text == "echo: over the relay"
         assert echoed.artifacts[0]["parts"] == [{"text": "echo: over the relay"}]
         asked = _relay_send(tmp_path, server, world, "ask", None)
-        assert asked.state == "input_required" and asked.text == "which one?"
+        assert asked.state == "input_required"
+        assert asked.text == "which one?"
         broke = _relay_send(tmp_path, server, world, "fail", None)
-        assert broke.state == "failed" and broke.error == "the agent failed the task: it broke"
+        assert broke.state == "failed"
+        assert broke.error == "the agent failed the task: it broke"
 
 
 def test_the_hop_chain_through_the_mellan_relay(tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ from melchior.runtimes.options import OptionReader
 def test_a_turn_is_frozen_all_the_way_down(tmp_path: Path) -> None:
     env = {"A": "1"}
     t = Turn("hi", str(tmp_path), env=env, options={"timeout": 3})  # type: ignore[arg-type]
-    assert t.cwd == tmp_path and isinstance(t.cwd, Path)
+    assert t.cwd == tmp_path
+    assert isinstance(t.cwd, Path)
     env["A"] = "changed"
     assert t.env["A"] == "1"
     with pytest.raises(TypeError):

@@ -58,12 +58,15 @@ def go(t: Turn, **config: Any) -> tuple[TurnResult, Sink]:
 
 def test_a_new_session_with_the_exact_command_line(si: StandIns, work: Path) -> None:
     result, sink = go(turn(si, work, "hello there"))
-    assert result.state == "completed" and result.path == "new"
+    assert result.state == "completed"
+    assert result.path == "new"
     assert result.text == "ok: hello there"
-    assert result.session is not None and uuid.UUID(result.session)
+    assert result.session is not None
+    assert uuid.UUID(result.session)
     (call,) = si.calls("claude")
     assert call["argv"] == [*HEAD, "--session-id", result.session]
-    assert call["stdin"] == "hello there" and call["cwd"] == str(work)
+    assert call["stdin"] == "hello there"
+    assert call["cwd"] == str(work)
     assert result.usage == {"input_tokens": 200, "output_tokens": 14, "cost_usd": 0.00108}
     statuses = sink.kinds("status")
     assert statuses[0].data == {"path": "new", "session": None}
@@ -79,7 +82,8 @@ def test_resume_binds_the_session_from_another_directory(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     second, sink = go(turn(si, elsewhere, "history", session=first.session))
-    assert second.state == "completed" and second.path == "resumed"
+    assert second.state == "completed"
+    assert second.path == "resumed"
     assert second.session == first.session
     assert second.text == "turns before this one: 1"
     call = si.calls("claude")[-1]
@@ -91,10 +95,10 @@ def test_resume_binds_the_session_from_another_directory(
 def test_an_unknown_session_fails_without_retry(si: StandIns, work: Path) -> None:
     missing = str(uuid.uuid4())
     result, _ = go(turn(si, work, "hi", session=missing))
-    assert result.state == "failed" and not result.retryable
-    assert result.error is not None and f"No conversation found with session ID: {missing}" in (
-        result.error
-    )
+    assert result.state == "failed"
+    assert not result.retryable
+    assert result.error is not None
+    assert f"No conversation found with session ID: {missing}" in (result.error)
 
 
 def test_route_options_become_flags(si: StandIns, work: Path) -> None:
@@ -130,30 +134,39 @@ def test_route_options_become_flags(si: StandIns, work: Path) -> None:
 
 def test_tool_calls_under_the_unattended_profile(si: StandIns, work: Path) -> None:
     result, sink = go(turn(si, work, "tool"))
-    assert result.state == "completed" and result.text == "DONE after tool"
+    assert result.state == "completed"
+    assert result.text == "DONE after tool"
     assert (work / "out.txt").read_text() == "hello\n"  # ran in the turn's directory
     assert "using Bash: Write a file" in sink.texts("status")
     assert sink.texts("message") == ["DONE after tool"]
 
     denied, sink = go(turn(si, work, "tool"), permission_mode="manual")
-    assert denied.state == "completed" and denied.text == "could not run the tool"
+    assert denied.state == "completed"
+    assert denied.text == "could not run the tool"
     (note,) = [p for p in sink.kinds("status") if p.data and "permission_denials" in p.data]
-    assert "permission mode manual" in note.text and "Bash" in note.text
+    assert "permission mode manual" in note.text
+    assert "Bash" in note.text
 
     capped, _ = go(turn(si, work, "tool"), max_turns=1)
-    assert capped.state == "failed" and not capped.retryable
-    assert capped.error is not None and "Reached maximum number of turns (1)" in capped.error
+    assert capped.state == "failed"
+    assert not capped.retryable
+    assert capped.error is not None
+    assert "Reached maximum number of turns (1)" in capped.error
     assert "max_turns" in capped.error
 
 
 def test_an_error_result_fails_and_a_crash_may_be_retried(si: StandIns, work: Path) -> None:
     result, _ = go(turn(si, work, "fail"))
-    assert result.state == "failed" and not result.retryable
-    assert result.error is not None and "api_error" in result.error
-    assert "Invalid API key" in result.error and result.session is not None
+    assert result.state == "failed"
+    assert not result.retryable
+    assert result.error is not None
+    assert "api_error" in result.error
+    assert "Invalid API key" in result.error
+    assert result.session is not None
 
     crash, _ = go(turn(si, work, "crash"))
-    assert crash.state == "failed" and crash.retryable
+    assert crash.state == "failed"
+    assert crash.retryable
     assert crash.error is not None
     assert "exited with status 3 without a result" in crash.error
     assert "TypeError: something inside broke" in crash.error
@@ -162,8 +175,10 @@ def test_an_error_result_fails_and_a_crash_may_be_retried(si: StandIns, work: Pa
 @pytest.mark.skipif(os.getuid() != 0, reason="Claude Code refuses bypassPermissions only as root")
 def test_bypass_as_root_is_refused_unless_sandboxed(si: StandIns, work: Path) -> None:
     result, _ = go(turn(si, work, "hi"), permission_mode="bypassPermissions")
-    assert result.state == "failed" and not result.retryable
-    assert result.error is not None and "cannot be used with root" in result.error
+    assert result.state == "failed"
+    assert not result.retryable
+    assert result.error is not None
+    assert "cannot be used with root" in result.error
     ok, _ = go(turn(si, work, "hi", env={"IS_SANDBOX": "1"}), permission_mode="bypassPermissions")
     assert ok.state == "completed"
 
@@ -200,23 +215,29 @@ def test_sigterm_from_elsewhere_is_a_canceled_turn(si: StandIns, work: Path) -> 
         return await runtime_for("claude-code").run(turn(si, work, "sleep 30"), sink)
 
     result = run(main())
-    assert result.state == "canceled" and result.retryable
+    assert result.state == "canceled"
+    assert result.retryable
     assert "exited with status 143 (SIGTERM) before finishing the turn" in result.text
-    assert result.session is not None and f"resuming session {result.session}" in result.text
+    assert result.session is not None
+    assert f"resuming session {result.session}" in result.text
 
 
 def test_a_line_over_the_cap(si: StandIns, work: Path) -> None:
     result, _ = go(turn(si, work, "bigline 5000"), line_limit=1024)
-    assert result.state == "failed" and result.error is not None
+    assert result.state == "failed"
+    assert result.error is not None
     assert "longer than the limit of 1024 bytes" in result.error
 
 
 def test_bad_inputs(si: StandIns, work: Path) -> None:
     result, _ = go(turn(si, work, "hi", session="--dangerously-skip-permissions"))
-    assert result.state == "failed" and result.error is not None and "flag" in result.error
+    assert result.state == "failed"
+    assert result.error is not None
+    assert "flag" in result.error
     assert si.calls() == []
     missing, _ = go(turn(si, work, "hi"), binary="no-such-claude")
-    assert missing.error is not None and "no-such-claude was not found" in missing.error
+    assert missing.error is not None
+    assert "no-such-claude was not found" in missing.error
     with pytest.raises(RuntimeConfigError, match="permission_mode must be one of"):
         runtime_for("claude-code", {"permission_mode": "yolo"})
     with pytest.raises(RuntimeConfigError, match="start with '-'"):
@@ -262,7 +283,9 @@ def test_a_live_session_gets_the_prompt_through_its_inbox(
             return result, sink
 
     result, sink = run(main())
-    assert result.state == "completed" and result.path == "inbox" and result.session == "live-1"
+    assert result.state == "completed"
+    assert result.path == "inbox"
+    assert result.session == "live-1"
     assert "Delivered to the live Claude Code session live-1" in result.text
     assert got == [
         [
@@ -286,17 +309,21 @@ def test_an_absent_or_refusing_inbox_falls_back_to_resume(
         ((short_dir / "absent.sock", "no such file"), (dead, "refused")), start=1
     ):
         result, sink = go(turn(si, work, "history", session=first.session), inbox=str(path))
-        assert result.state == "completed" and result.path == "resumed"
+        assert result.state == "completed"
+        assert result.path == "resumed"
         assert result.text == f"turns before this one: {n}"
         note = sink.kinds("status")[0]
-        assert f"inbox {path} is unavailable" in note.text and reason in note.text
+        assert f"inbox {path} is unavailable" in note.text
+        assert reason in note.text
         assert f"resuming session {first.session}" in note.text
         assert si.calls("claude")[-1]["argv"][-2:] == ["--resume", first.session]
 
 
 def test_a_missing_inbox_token_is_a_configuration_error(si: StandIns, work: Path) -> None:
     result, _ = go(turn(si, work, "x"), inbox="/nonexistent.sock", inbox_token_env="NOPE_TOKEN")
-    assert result.state == "failed" and result.error is not None and "NOPE_TOKEN" in result.error
+    assert result.state == "failed"
+    assert result.error is not None
+    assert "NOPE_TOKEN" in result.error
 
 
 # -- the stand-in refuses what the real CLI refuses -----------------------------------------------
@@ -320,7 +347,8 @@ def test_the_stand_in_refuses_like_the_real_one(si: StandIns, work: Path) -> Non
     r = _stand_in(si, work, "-p", "--frobnicate")
     assert (r.returncode, r.stderr) == (1, "error: unknown option '--frobnicate'\n")
     r = _stand_in(si, work, "-p", "--permission-mode", "yolo")
-    assert r.returncode == 1 and "argument 'yolo' is invalid. Allowed choices are" in r.stderr
+    assert r.returncode == 1
+    assert "argument 'yolo' is invalid. Allowed choices are" in r.stderr
     r = _stand_in(si, work, "-p", "--session-id", "nope")
     assert r.stderr == "Error: Invalid session ID. Must be a valid UUID.\n"
     sid = str(uuid.uuid4())
@@ -329,7 +357,8 @@ def test_the_stand_in_refuses_like_the_real_one(si: StandIns, work: Path) -> Non
     assert (r.returncode, r.stderr) == (1, f"Error: Session ID {sid} is already in use.\n")
     r = _stand_in(si, work, "-p", "--output-format", "stream-json", "--verbose",
                   "--resume", "11111111-2222-4333-8444-555555555555")  # fmt: skip
-    assert r.returncode == 1 and "No conversation found with session ID" in r.stderr
+    assert r.returncode == 1
+    assert "No conversation found with session ID" in r.stderr
     assert json.loads(r.stdout)["subtype"] == "error_during_execution"
     r = _stand_in(si, work, "-p", "--allowedTools", "Read", "Edit", "--", "--help me", stdin="")
     assert (r.returncode, r.stdout.strip()) == (0, "ok: --help me")

@@ -50,10 +50,12 @@ def test_prompt_and_envelope_reach_the_program(
     turn = Turn("fenced: look at incident 7 ψ", tmp_path, message=msg, session="s-1",
                 env={"EXTRA": "from the turn"})  # fmt: skip
     result, sink = go(SHOW, turn)
-    assert result.state == "completed" and result.path == "command"
+    assert result.state == "completed"
+    assert result.path == "command"
     seen = json.loads(result.text)
     assert seen["stdin"] == "fenced: look at incident 7 ψ"
-    assert seen["cwd"] == str(tmp_path) and seen["extra"] == "from the turn"
+    assert seen["cwd"] == str(tmp_path)
+    assert seen["extra"] == "from the turn"
     assert seen["env"] == {
         "MELCHIOR_TURN_PROMPT": "fenced: look at incident 7 ψ",
         "MELCHIOR_TURN_SESSION": "s-1",
@@ -76,7 +78,8 @@ def test_a_big_prompt_goes_on_stdin_only(tmp_path: Path) -> None:
     prompt = "p" * 100_000
     result, _ = go(SHOW, Turn(prompt, tmp_path))
     seen = json.loads(result.text)
-    assert seen["stdin"] == prompt and "MELCHIOR_TURN_PROMPT" not in seen["env"]
+    assert seen["stdin"] == prompt
+    assert "MELCHIOR_TURN_PROMPT" not in seen["env"]
 
 
 def test_no_stdin_when_asked(tmp_path: Path) -> None:
@@ -87,10 +90,12 @@ def test_no_stdin_when_asked(tmp_path: Path) -> None:
 def test_failure_carries_the_stderr_tail(tmp_path: Path) -> None:
     code = "import sys; print('partial'); sys.stderr.write('x' * 20000 + 'disk full'); sys.exit(1)"
     result, _ = go(code, Turn("hi", tmp_path), stderr_tail=200)
-    assert result.state == "failed" and result.retryable
+    assert result.state == "failed"
+    assert result.retryable
     assert result.error is not None
     assert result.error.startswith(f"{sys.executable} exited with status 1; stderr: ")
-    assert result.error.endswith("disk full") and len(result.error) < 400
+    assert result.error.endswith("disk full")
+    assert len(result.error) < 400
     assert result.text == "partial"
 
 
@@ -142,14 +147,18 @@ def test_cancel_stops_the_command_and_its_children(tmp_path: Path) -> None:
 
 def test_limits(tmp_path: Path) -> None:
     slow, _ = go("import time; time.sleep(300)", Turn("x", tmp_path), timeout=0.3, grace=1)
-    assert slow.state == "failed" and not slow.retryable
-    assert slow.error is not None and "did not finish within 0.3 s" in slow.error
+    assert slow.state == "failed"
+    assert not slow.retryable
+    assert slow.error is not None
+    assert "did not finish within 0.3 s" in slow.error
 
     long_line, _ = go("print('z' * 4000)", Turn("x", tmp_path), line_limit=1024)
-    assert long_line.error is not None and "longer than the limit of 1024 bytes" in long_line.error
+    assert long_line.error is not None
+    assert "longer than the limit of 1024 bytes" in long_line.error
 
     chatty, _ = go("for i in range(100): print(i)", Turn("x", tmp_path), output_limit=50)
-    assert chatty.error is not None and "output was longer than 50 bytes" in chatty.error
+    assert chatty.error is not None
+    assert "output was longer than 50 bytes" in chatty.error
 
 
 def test_progress_lines(tmp_path: Path) -> None:
@@ -172,13 +181,17 @@ def test_bad_configuration_is_refused_with_the_option_named(tmp_path: Path) -> N
     # a route's bad option fails that turn, with the reason, rather than raising
     rt = runtime_for("command", {"argv": ["true"]})
     bad = run(rt.run(Turn("x", tmp_path, options={"timeout": -1}), Sink()))
-    assert bad.state == "failed" and bad.error is not None and "timeout" in bad.error
+    assert bad.state == "failed"
+    assert bad.error is not None
+    assert "timeout" in bad.error
 
 
 def test_missing_program_and_bad_cwd(tmp_path: Path) -> None:
     rt = runtime_for("command", {"argv": ["no-such-program-xyz"]})
     missing = run(rt.run(Turn("x", tmp_path), Sink()))
-    assert missing.error is not None and "no-such-program-xyz was not found" in missing.error
+    assert missing.error is not None
+    assert "no-such-program-xyz was not found" in missing.error
     assert not missing.retryable
     nowhere, _ = go("print(1)", Turn("x", tmp_path / "gone"))
-    assert nowhere.error is not None and "cannot start" in nowhere.error
+    assert nowhere.error is not None
+    assert "cannot start" in nowhere.error

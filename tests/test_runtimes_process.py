@@ -64,8 +64,10 @@ def test_lines_stdin_and_a_bounded_stderr_tail(tmp_path: Path) -> None:
         )
     )
     assert out == [b"first\n", "got ψ input\n".encode(), b"no newline at the end"]
-    assert ex.returncode == 3 and not ex.timed_out
-    assert ex.stderr.endswith("THE END") and len(ex.stderr) == 100
+    assert ex.returncode == 3
+    assert not ex.timed_out
+    assert ex.stderr.endswith("THE END")
+    assert len(ex.stderr) == 100
     assert ex.describe() == "exited with status 3"
     assert "stderr: " in ex.with_stderr("it failed")
     assert not group_alive(ex.pid)
@@ -160,7 +162,8 @@ def test_a_second_cancel_during_the_stop_still_stops_everything(tmp_path: Path) 
 
     pgid, grandchild = run(go())
     try:
-        assert not group_alive(pgid) and not running(grandchild)
+        assert not group_alive(pgid)
+        assert not running(grandchild)
     finally:
         kill_quietly(grandchild)
 
@@ -177,7 +180,8 @@ def test_leftovers_are_stopped_when_the_program_exits(tmp_path: Path) -> None:
     grandchild = int(out[0].split()[1])
     try:
         assert ex.returncode == 0
-        assert not group_alive(ex.pid) and not running(grandchild)
+        assert not group_alive(ex.pid)
+        assert not running(grandchild)
     finally:
         kill_quietly(grandchild)
 
@@ -219,7 +223,8 @@ def test_deadline_stops_the_tree_and_says_so(tmp_path: Path) -> None:
         )
     )
     assert ex.timed_out
-    assert ex.signal == 15 and ex.describe() == "was killed by SIGTERM"
+    assert ex.signal == 15
+    assert ex.describe() == "was killed by SIGTERM"
     assert not group_alive(ex.pid)
 
 

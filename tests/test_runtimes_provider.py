@@ -107,11 +107,13 @@ def go(opts: dict[str, Any], env: dict[str, str], tmp_path: Path, prompt: str = 
 def test_without_the_plane_it_is_one_fresh_run_with_no_tools(tmp_path: Path) -> None:
     with LoopbackServer(served(text_stream("the books balance", cost=0.002))) as server:
         result, sink = go(options(server, system="be brief"), {"FAKE_KEY": "sk-test"}, tmp_path)
-    assert result.state == COMPLETED and result.text == "the books balance "
+    assert result.state == COMPLETED
+    assert result.text == "the books balance "
     assert result.usage == {"input_tokens": 10, "output_tokens": 3, "cost_usd": 0.002}
     (request,) = server.requests
     body = request.json()
-    assert "tools" not in body and body["model"] == "m-1"
+    assert "tools" not in body
+    assert body["model"] == "m-1"
     assert body["messages"][0] == {"role": "system", "content": "be brief"}
     assert request.headers["authorization"] == "Bearer sk-test"
     assert "the books balance" in " ".join(sink.texts("message"))
@@ -125,7 +127,8 @@ def test_in_a_plane_turn_send_to_writes_the_outbox_and_the_model_reads_the_box(
     handler = sequence(served(call_stream("send_to", args)), served(text_stream("asked ledger")))
     with LoopbackServer(handler) as server:
         result, sink = go(options(server), env, tmp_path)
-    assert result.state == COMPLETED and result.text == "asked ledger "
+    assert result.state == COMPLETED
+    assert result.text == "asked ledger "
     (note,) = outbox.read(Path(env[ENV_OUTBOX])).notes
     assert (note.to, note.text) == ("ledger", "what did we spend in August?")
     first, second = (r.json() for r in server.requests)
@@ -133,9 +136,11 @@ def test_in_a_plane_turn_send_to_writes_the_outbox_and_the_model_reads_the_box(
     assert "You are planner" in first["messages"][0]["content"]
     assert "ledger: keeps the books (you may write to it now)" in first["messages"][0]["content"]
     tool_msg = second["messages"][-1]
-    assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "call_1"
+    assert tool_msg["role"] == "tool"
+    assert tool_msg["tool_call_id"] == "call_1"
     receipt = json.loads(tool_msg["content"])[0]
-    assert receipt["receipt"] == "queued" and receipt["text"].startswith("Written to ledger.")
+    assert receipt["receipt"] == "queued"
+    assert receipt["text"].startswith("Written to ledger.")
     assert any("send_to(" in t and "-> ok" in t for t in sink.texts("status"))
 
 
@@ -149,7 +154,8 @@ def test_a_restarted_attempts_tool_calls_are_discarded(tmp_path: Path) -> None:
     )
     with LoopbackServer(handler) as server:
         result, sink = go(options(server), env, tmp_path)
-    assert result.state == COMPLETED and result.text == "nothing to send after all "
+    assert result.state == COMPLETED
+    assert result.text == "nothing to send after all "
     assert outbox.read(Path(env[ENV_OUTBOX])).notes == []
     assert len(server.requests) == 2
     assert any("restarted" in t for t in sink.texts("status"))
@@ -170,7 +176,8 @@ def test_bad_arguments_and_a_team_change_are_told_to_the_model_not_run(tmp_path:
     replies = [r.json()["messages"][-1] for r in server.requests[1:]]
     assert "not a JSON object" in replies[0]["content"]
     refused = json.loads(replies[1]["content"])
-    assert refused["rule"] == "operator-only" and refused["line"] == "/team ledger"
+    assert refused["rule"] == "operator-only"
+    assert refused["line"] == "/team ledger"
     assert "no agent 'ghost'" in json.loads(replies[2]["content"])["refused"]
     assert outbox.read(Path(env[ENV_OUTBOX])).notes == []
 
@@ -179,7 +186,8 @@ def test_a_model_that_keeps_calling_tools_is_stopped_at_tool_rounds(tmp_path: Pa
     env = plane_env(tmp_path)
     with LoopbackServer(served(call_stream("team", "{}"))) as server:
         result, _sink = go(options(server, tool_rounds=2), env, tmp_path)
-    assert result.state == FAILED and "tool_rounds" in (result.error or "")
+    assert result.state == FAILED
+    assert "tool_rounds" in (result.error or "")
     assert len(server.requests) == 3
 
 
@@ -192,8 +200,11 @@ def test_configuration_and_credentials_fail_clearly(tmp_path: Path) -> None:
         runtime_for("provider", {"provider": "x", "model": "m", "base_url": "http://h"})
     with LoopbackServer(served(text_stream("x"))) as server:
         result, _ = go(options(server), {}, tmp_path)
-    assert result.state == FAILED and "$FAKE_KEY is not set" in (result.error or "")
-    assert not result.retryable and server.requests == []
+    assert result.state == FAILED
+    assert "$FAKE_KEY is not set" in (result.error or "")
+    assert not result.retryable
+    assert server.requests == []
     env = {"XDG_CONFIG_HOME": str(tmp_path / "none")}
     result, _ = go({"provider": "absent", "model": "m"}, env, tmp_path)
-    assert result.state == FAILED and "no [providers.absent]" in (result.error or "")
+    assert result.state == FAILED
+    assert "no [providers.absent]" in (result.error or "")

@@ -86,9 +86,11 @@ def test_codex_help_lists_every_flag_we_pass(tmp_path: Path) -> None:
     for sandbox in SANDBOXES:
         assert sandbox in text
     resume = _out(CODEX, "exec", "resume", "--help", home=tmp_path)
-    assert "[SESSION_ID] [PROMPT]" in resume and "If `-` is used, read from stdin" in resume
+    assert "[SESSION_ID] [PROMPT]" in resume
+    assert "If `-` is used, read from stdin" in resume
     # why -C and -s go before `resume`: the subcommand does not take them
-    assert "--cd" not in resume and "--sandbox" not in resume
+    assert "--cd" not in resume
+    assert "--sandbox" not in resume
 
 
 # -- one real turn each, against a loopback model API ------------------------------------------
@@ -189,9 +191,11 @@ def test_a_real_claude_turn_and_its_resume(tmp_path: Path, model_api: str) -> No
                                      "allowed_tools": ["Read"], "timeout": 120})  # fmt: skip
     first = run(rt.run(Turn("--looks like a flag, is a prompt", a, env=env), Sink()))
     assert first.state == "completed", first
-    assert first.text.startswith("MOCK reply") and first.usage.get("cost_usd") is not None
+    assert first.text.startswith("MOCK reply")
+    assert first.usage.get("cost_usd") is not None
     second = run(rt.run(Turn("again", b, session=first.session, env=env), Sink()))
-    assert second.state == "completed" and second.session == first.session
+    assert second.state == "completed"
+    assert second.session == first.session
     assert second.path == "resumed"
 
 
@@ -215,4 +219,5 @@ def test_a_real_codex_turn_and_its_resume(tmp_path: Path, model_api: str) -> Non
     assert first.usage["input_tokens"] == 100
     second = run(rt.run(Turn("again", b, session=first.session, env=env), Sink()))
     assert second.state == "completed", second
-    assert second.session == first.session and second.path == "resumed"
+    assert second.session == first.session
+    assert second.path == "resumed"

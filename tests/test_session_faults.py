@@ -38,10 +38,13 @@ def test_a_killed_serve_is_found_stale_on_the_first_call_and_removed(harness: Ha
     victim.proc.wait()
     assert victim.at.exists()  # killed: it did not get to clean up
     r = root.tool("--verb=tell", f"--who={victim.id}", "--message=are you there?")
-    assert r.rc == 1 and r.error["code"] == "stale" and r.error["receipt"] == "refused"
+    assert r.rc == 1
+    assert r.error["code"] == "stale"
+    assert r.error["receipt"] == "refused"
     assert not victim.at.exists()
     r = root.tool("--verb=tell", f"--who={victim.id}", "--message=again?")
-    assert r.rc == 1 and r.error["code"] == "unknown"
+    assert r.rc == 1
+    assert r.error["code"] == "unknown"
 
 
 def test_who_probes_and_does_not_list_a_killed_serve(harness: Harness) -> None:
@@ -56,7 +59,8 @@ def test_who_probes_and_does_not_list_a_killed_serve(harness: Harness) -> None:
     assert {e["id"] for e in r.result} == {root.id, alive.id}
     assert not victim.at.exists()  # found stale by the probe and removed
     r = root.tool("--verb=who")
-    assert r.rc == 0 and {e["id"] for e in r.result} == {alive.id}
+    assert r.rc == 0
+    assert {e["id"] for e in r.result} == {alive.id}
     assert alive.tool("--verb=status").rc == 0  # probed sessions keep answering
 
 
@@ -80,7 +84,9 @@ def test_sweep_waits_once_and_keeps_a_socket_that_starts_listening(tmp_path: Pat
         paths = {"late": late, "dead": dead, "live": live, "gone": tmp_path / "no-such"}
         assert sweep(paths, pause=pause) == {"late", "live"}
         assert len(pauses) == 1  # one shared pause, not one per refused entry
-        assert late.exists() and live.exists() and not dead.exists()
+        assert late.exists()
+        assert live.exists()
+        assert not dead.exists()
     finally:
         for s in (s_late, s_dead, s_live):
             s.close()
@@ -170,9 +176,11 @@ def test_a_wrong_mode_directory_is_refused(harness: Harness) -> None:
     harness.start().close()
     harness.registry.chmod(0o755)
     proc = subprocess.run(melchior("serve"), env=harness.env(), capture_output=True, timeout=WAIT)
-    assert proc.returncode == 2 and b"chmod 700" in proc.stderr
+    assert proc.returncode == 2
+    assert b"chmod 700" in proc.stderr
     r = harness.tool("--verb=who")
-    assert r.rc == 1 and "0755" in r.error["reason"]
+    assert r.rc == 1
+    assert "0755" in r.error["reason"]
 
 
 def test_a_deleted_runtime_directory_is_recovered(harness: Harness) -> None:
@@ -182,7 +190,8 @@ def test_a_deleted_runtime_directory_is_recovered(harness: Harness) -> None:
     root.doing(busy=False)  # a doing line makes serve check at once
     child.doing(busy=False)
     again = root.next_event("listening")
-    assert again["recovered"] is True and Path(again["at"]) == root.at
+    assert again["recovered"] is True
+    assert Path(again["at"]) == root.at
     assert child.next_event("listening")["recovered"] is True
     assert child.tool("--verb=status").one["parent"] == root.id
     r = child.tool("--verb=tell", f"--who={root.id}", "--message=still here")
@@ -193,13 +202,15 @@ def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: H
     root = harness.start()
     with pytest.raises(Refused) as exc:
         call_once(root.at, "dance", [], sender=None, who=root.id)
-    assert exc.value.code == "unknown-verb" and "status" in exc.value.reason
+    assert exc.value.code == "unknown-verb"
+    assert "status" in exc.value.reason
     with pytest.raises(Refused) as exc:
         call_once(root.at, "tell", [42], sender=None, who=root.id)
     assert exc.value.code == "bad-args"
     with pytest.raises(Refused) as exc:
         call_once(root.at, "tell", ["x", "shout"], sender=None, who=root.id)
-    assert exc.value.code == "bad-args" and "attention" in exc.value.reason
+    assert exc.value.code == "bad-args"
+    assert "attention" in exc.value.reason
     with pytest.raises(Refused) as exc:
         call_once(root.at, "tell", ["x" * (1024 * 1024 + 1)], sender=None, who=root.id)
     assert exc.value.code == "too-large"
@@ -209,23 +220,28 @@ def test_unknown_verb_bad_args_and_unknown_family_are_refused_replies(harness: H
     sock = connect(root.at, who=root.id)
     try:
         reply = request(sock, {"call": "status", "args": [], "family": 99}, who=root.id)
-        assert reply["ok"] is False and reply["error"]["code"] == "unknown-family"
+        assert reply["ok"] is False
+        assert reply["error"]["code"] == "unknown-family"
         # The connection is still usable after a refusal.
         reply = request(sock, {"call": "status", "args": []}, who=root.id)
         assert reply["ok"] is True
         lone = rb'{"call":"tell","args":["\ud800"]}'  # valid JSON, not valid Unicode
         sock.sendall(struct.pack(">I", len(lone)) + lone)
         reply = frames.recv(sock)
-        assert reply is not None and reply["error"]["code"] == "bad-args"
+        assert reply is not None
+        assert reply["error"]["code"] == "bad-args"
         assert "surrogate" in reply["error"]["reason"]
         sock.sendall(struct.pack(">I", 3) + b"\xff\xfe\xfd")
         bad = frames.recv(sock)
-        assert bad is not None and bad["error"]["code"] == "bad-encoding"
+        assert bad is not None
+        assert bad["error"]["code"] == "bad-encoding"
         # A repeated key is refused, not "last one wins": this would otherwise answer 'verbs'.
         twice = b'{"call":"status","call":"verbs","args":[]}'
         sock.sendall(struct.pack(">I", len(twice)) + twice)
         dup = frames.recv(sock)
-        assert dup is not None and dup["ok"] is False and dup["error"]["code"] == "bad-json"
+        assert dup is not None
+        assert dup["ok"] is False
+        assert dup["error"]["code"] == "bad-json"
         assert "duplicate key 'call'" in dup["error"]["reason"]
         reply = request(sock, {"call": "status", "args": []}, who=root.id)
         assert reply["ok"] is True  # and the connection is still usable
@@ -249,17 +265,13 @@ def test_oversized_and_non_utf8_reports_are_refused_and_nothing_is_lost(harness:
     root = harness.start()
     assert root.tool("--verb=report", "--message=keep me").one["revision"] == 1
     big = root.tool("--verb=report", "--about=-", stdin=b"x" * (MAX_REPORT + 1))
-    assert (
-        big.rc == 1
-        and "limit" in big.error["reason"]
-        and "nothing was stored" in big.error["reason"]
-    )
+    assert big.rc == 1
+    assert "limit" in big.error["reason"]
+    assert "nothing was stored" in big.error["reason"]
     bad = root.tool("--verb=report", "--about=-", stdin=b"ok so far \xc3\x28")
-    assert (
-        bad.rc == 1
-        and "not valid UTF-8" in bad.error["reason"]
-        and "offset 10" in bad.error["reason"]
-    )
+    assert bad.rc == 1
+    assert "not valid UTF-8" in bad.error["reason"]
+    assert "offset 10" in bad.error["reason"]
     kept = root.tool("--verb=report", "--about=json").one
     assert (kept["text"], kept["revision"]) == ("keep me", 1)
 
@@ -313,7 +325,8 @@ def test_a_peer_of_another_uid_is_refused_by_kernel_credentials(
         got = _serve_in_process(d / "alpha-beta", None, monkeypatch)
     finally:
         shutil.rmtree(d)
-    assert b"other-uid" in got and b"own user" in got
+    assert b"other-uid" in got
+    assert b"own user" in got
 
 
 def test_a_peer_of_another_uid_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,7 +353,8 @@ def test_the_client_refuses_a_server_of_another_uid() -> None:
         [sys.executable, "-c", code, os.fspath(path)], stdout=subprocess.PIPE, text=True
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
         with pytest.raises(Unreachable) as exc:
             connect(path, who="alpha-beta")
         assert exc.value.code == "other-uid"

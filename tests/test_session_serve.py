@@ -24,7 +24,8 @@ def test_a_root_session_listens_answers_and_leaves_nothing_behind(harness: Harne
     root = harness.start()
     assert root.at == harness.registry / root.id
     st = os.lstat(root.at)
-    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077 == 0
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) & 0o077 == 0
     assert st.st_mode & stat.S_ISVTX  # sticky: exempt from the runtime dir's clean-up
     status = root.tool("--verb=status").one
     assert status == {
@@ -48,15 +49,19 @@ def test_doing_events_show_in_status(harness: Harness) -> None:
         status = root.tool("--verb=status").one
         if status["busy"]:
             break
-    assert status["busy"] is True and status["working_for"] == 7 and status["waiting"] == 2
+    assert status["busy"] is True
+    assert status["working_for"] == 7
+    assert status["waiting"] == 2
 
 
 def test_fork_prints_exactly_the_seed_shape(harness: Harness) -> None:
     root = harness.start()
     minted = root.fork()
     assert list(minted) == ["project", "role", "id", "parent", "token", "environment"]
-    assert minted["project"] == "demo" and minted["parent"] == root.id
-    assert minted["role"] == "sub" and len(minted["token"]) >= 32
+    assert minted["project"] == "demo"
+    assert minted["parent"] == root.id
+    assert minted["role"] == "sub"
+    assert len(minted["token"]) >= 32
     assert minted["environment"] == {
         "MAGI_MELCHIOR_PROJECT": "demo",
         "MAGI_MELCHIOR_ID": minted["id"],
@@ -93,7 +98,8 @@ def test_a_child_with_the_wrong_token_does_not_start(harness: Harness) -> None:
 def test_an_id_nobody_minted_does_not_start(harness: Harness) -> None:
     env = harness.env(MAGI_MELCHIOR_ID="omega-omega")
     proc = subprocess.run(melchior("serve"), env=env, capture_output=True, timeout=WAIT)
-    assert proc.returncode == 2 and b"never minted" in proc.stderr
+    assert proc.returncode == 2
+    assert b"never minted" in proc.stderr
 
 
 def test_serve_without_a_pipe_refuses_a_regular_file(harness: Harness, tmp_path: Path) -> None:
@@ -103,7 +109,8 @@ def test_serve_without_a_pipe_refuses_a_regular_file(harness: Harness, tmp_path:
         proc = subprocess.run(
             melchior("serve"), env=harness.env(), capture_output=True, timeout=WAIT, stdin=stdin
         )
-    assert proc.returncode == 2 and b"harness's pipe" in proc.stderr
+    assert proc.returncode == 2
+    assert b"harness's pipe" in proc.stderr
 
 
 def test_bad_lines_on_the_pipe_are_skipped_not_fatal(harness: Harness) -> None:
@@ -152,7 +159,8 @@ def test_one_serve_per_session(harness: Harness) -> None:
     root = harness.start()
     env = harness.env(MAGI_MELCHIOR_ID=root.id)
     proc = subprocess.run(melchior("serve"), env=env, capture_output=True, timeout=WAIT)
-    assert proc.returncode == 2 and b"already being served" in proc.stderr
+    assert proc.returncode == 2
+    assert b"already being served" in proc.stderr
     assert root.tool("--verb=status").one["id"] == root.id  # the first is untouched
 
 
@@ -163,16 +171,19 @@ def test_a_root_restarted_after_a_crash_keeps_its_id(harness: Harness) -> None:
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait()
     again = harness.start(harness.env(MAGI_MELCHIOR_ID=first.id))
-    assert again.id == first.id and again.tool("--verb=status").one["role"] == "main"
+    assert again.id == first.id
+    assert again.tool("--verb=status").one["role"] == "main"
 
 
 def test_fork_needs_a_live_parent_and_records_the_role(harness: Harness) -> None:
     proc = subprocess.run(melchior("fork"), env=harness.env(), capture_output=True, timeout=WAIT)
-    assert proc.returncode == 1 and b"who is the parent" in proc.stdout
+    assert proc.returncode == 1
+    assert b"who is the parent" in proc.stdout
     proc = subprocess.run(
         melchior("fork", "--parent=omega-psi"), env=harness.env(), capture_output=True, timeout=WAIT
     )
-    assert proc.returncode == 1 and b"no session omega-psi" in proc.stdout
+    assert proc.returncode == 1
+    assert b"no session omega-psi" in proc.stdout
     root = harness.start()
     front = root.spawn("main")
     assert front.tool("--verb=status").one["role"] == "main"

@@ -30,7 +30,8 @@ def test_subagents_behind_another_front_door_are_walled(harness: Harness) -> Non
     a, a1, b, b1 = two_instances(harness)
     refused = a1.tool("--verb=tell", f"--who={b1.id}", "--message=psst")
     assert refused.rc == 1
-    assert refused.error["rule"] == "instance-wall" and refused.error["receipt"] == "refused"
+    assert refused.error["rule"] == "instance-wall"
+    assert refused.error["receipt"] == "refused"
     assert b.id in refused.error["reason"]
     # The front door is open; so is one's own instance.
     assert (
@@ -62,7 +63,9 @@ def test_talk_run_opens_the_run_but_not_other_runs(harness: Harness) -> None:
     other = harness.start().spawn()
     assert s1.tool("--verb=tell", f"--who={s2.id}", "--message=hi cousin").rc == 0
     r = s1.tool("--verb=tell", f"--who={other.id}", "--message=hi stranger")
-    assert r.rc == 1 and r.error["rule"] == "instance-wall" and "'project'" in r.error["reason"]
+    assert r.rc == 1
+    assert r.error["rule"] == "instance-wall"
+    assert "'project'" in r.error["reason"]
 
 
 def test_talk_instance_keeps_cousins_apart(harness: Harness) -> None:
@@ -70,7 +73,8 @@ def test_talk_instance_keeps_cousins_apart(harness: Harness) -> None:
     m1, m2 = root.spawn("main"), root.spawn("main")
     s1, s2 = m1.spawn(), m2.spawn()
     r = s1.tool("--verb=tell", f"--who={s2.id}", "--message=hi cousin")
-    assert r.rc == 1 and r.error["rule"] == "instance-wall"
+    assert r.rc == 1
+    assert r.error["rule"] == "instance-wall"
 
 
 def test_talk_project_opens_the_project(harness: Harness) -> None:
@@ -83,7 +87,8 @@ def test_a_bad_talk_setting_fails_closed(harness: Harness) -> None:
     root = harness.start()
     harness.set_talk("everyone")
     r = root.tool("--verb=who")
-    assert r.rc == 1 and "nothing widens past the project" in r.error["reason"]
+    assert r.rc == 1
+    assert "nothing widens past the project" in r.error["reason"]
 
 
 def test_the_project_wall_never_lists_another_project(
@@ -96,7 +101,8 @@ def test_the_project_wall_never_lists_another_project(
         assert there.id not in {s["id"] for s in here.tool("--verb=who").result}
         assert there.id not in {s["id"] for s in harness.tool("--verb=who").result}
         r = here.tool("--verb=tell", f"--who={there.id}", "--message=hi")
-        assert r.rc == 1 and r.error["code"] == "unknown"
+        assert r.rc == 1
+        assert r.error["code"] == "unknown"
         # Even at the socket: a caller from another project is nobody here.
         with pytest.raises(Refused) as exc:
             call_once(here.at, "tell", ["hi"], sender=there.id, who=here.id)
@@ -118,7 +124,8 @@ def test_every_verb_is_walled(harness: Harness) -> None:
     ]
     for args in attempts:
         r = a1.tool(*args)
-        assert r.rc == 1 and r.error["rule"] == "instance-wall", (args, r.reply)
+        assert r.rc == 1, (args, r.reply)
+        assert r.error["rule"] == "instance-wall", (args, r.reply)
 
 
 def test_the_operator_sees_the_whole_project(harness: Harness) -> None:

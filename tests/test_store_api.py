@@ -64,21 +64,24 @@ def test_credentials_lookup_revoke_expire(store: Store) -> None:
     assert store.principal_for("h-expired") is None
     store.add_credential(WS, CredentialKind.AGENT, RECEIVER, "h-live", _iso(3600))
     live = store.principal_for("h-live")
-    assert live is not None and live.kind is CredentialKind.AGENT and live.subject == RECEIVER
+    assert live is not None
+    assert live.kind is CredentialKind.AGENT
+    assert live.subject == RECEIVER
 
 
 def test_credential_for_unknown_workspace_refused(store: Store) -> None:
     with pytest.raises(NotFoundError):
         store.add_credential("nope", CredentialKind.OWNER, "x", "h")
+    store.add_credential(WS, CredentialKind.OWNER, "a", "same")
     with pytest.raises(Conflict):
-        store.add_credential(WS, CredentialKind.OWNER, "a", "same")
         store.add_credential(WS, CredentialKind.OWNER, "b", "same")
 
 
 def test_agents(store: Store) -> None:
     caps = [Capability("a.b", "does a.b"), Capability("c.d")]
     a = store.add_agent(WS, "local/codex", "codex here", caps)
-    assert a.capabilities == tuple(caps) and a.created_at.endswith("Z")
+    assert a.capabilities == tuple(caps)
+    assert a.created_at.endswith("Z")
     assert store.get_agent(WS, "local/codex") == a
     assert store.get_agent("other", "local/codex") is None
     assert [x.id for x in store.list_agents(WS)] == sorted([CALLER, RECEIVER, "local/codex"])
@@ -101,7 +104,8 @@ def test_enrollment_one_use_and_expiry(store: Store) -> None:
 
 def test_grants_are_directional_and_revocable(store: Store) -> None:
     g = store.add_grant(WS, CALLER, RECEIVER, ["incident.inspect", "incident.inspect", "x.y"])
-    assert g.capabilities == ("incident.inspect", "x.y") and g.revoked_at is None
+    assert g.capabilities == ("incident.inspect", "x.y")
+    assert g.revoked_at is None
     assert store.granted_capabilities(WS, CALLER, RECEIVER) == {"incident.inspect", "x.y"}
     assert store.granted_capabilities(WS, RECEIVER, CALLER) == set()  # reverse not implied
     assert store.granted_capabilities("other", CALLER, RECEIVER) == set()
@@ -116,7 +120,8 @@ def test_grants_are_directional_and_revocable(store: Store) -> None:
     assert store.granted_capabilities(WS, CALLER, RECEIVER) == {"z.z"}
     assert [x.id for x in store.list_grants(WS)] == [g2.id]
     revoked = [x for x in store.list_grants(WS, include_revoked=True) if x.id == g.id]
-    assert revoked and revoked[0].revoked_at is not None
+    assert revoked
+    assert revoked[0].revoked_at is not None
 
 
 def test_grant_for_unknown_agent_refused(store: Store) -> None:
@@ -124,8 +129,8 @@ def test_grant_for_unknown_agent_refused(store: Store) -> None:
         store.add_grant(WS, CALLER, "ghost/agent", ["incident.inspect"])
     with pytest.raises(NotFoundError):
         store.add_grant(WS, "ghost/agent", RECEIVER, ["incident.inspect"])
+    store.ensure_workspace("other")
     with pytest.raises(NotFoundError):  # an agent of another workspace is unknown here
-        store.ensure_workspace("other")
         store.add_grant("other", CALLER, RECEIVER, ["incident.inspect"])
     assert store.list_grants(WS, include_revoked=True) == []
 
@@ -135,9 +140,14 @@ def test_audit_append_and_read(store: Store) -> None:
     s2 = store.audit(WS, "agent:x", "task.refuse", "t1", False, "grant", "no grant")
     store.audit("other", "relay", "x", "y", True, "r", "elsewhere")
     recs = store.audit_since(WS)
-    assert [r.seq for r in recs] == [s1, s2] and s1 < s2
-    assert recs[0].detail == {"n": 1} and recs[0].allowed is True and recs[0].at.endswith("Z")
-    assert recs[1].allowed is False and recs[1].detail == {} and recs[1].reason == "no grant"
+    assert [r.seq for r in recs] == [s1, s2]
+    assert s1 < s2
+    assert recs[0].detail == {"n": 1}
+    assert recs[0].allowed is True
+    assert recs[0].at.endswith("Z")
+    assert recs[1].allowed is False
+    assert recs[1].detail == {}
+    assert recs[1].reason == "no grant"
     assert [r.seq for r in store.audit_since(WS, after_seq=s1)] == [s2]
     assert len(store.audit_since(WS, limit=1)) == 1
 
@@ -145,15 +155,24 @@ def test_audit_append_and_read(store: Store) -> None:
 def test_enqueue_keeps_payload_bytes_and_dedupes(store: Store) -> None:
     payload = '{"n": 12345678901234567890,  "f": 1.10, "s": "\\u00e9"}'
     t, created = store.enqueue(new_task(payload=payload, metadata='{"k":  1}', message_id="m1"))
-    assert created and t.state is TaskState.QUEUED and t.attempt == 0 and t.lease_epoch == 0
-    assert t.payload == payload and t.metadata == '{"k":  1}' and t.context_id
+    assert created
+    assert t.state is TaskState.QUEUED
+    assert t.attempt == 0
+    assert t.lease_epoch == 0
+    assert t.payload == payload
+    assert t.metadata == '{"k":  1}'
+    assert t.context_id
     again, created2 = store.enqueue(new_task(payload="{}", message_id="m1"))
-    assert not created2 and again.id == t.id and again.payload == payload
+    assert not created2
+    assert again.id == t.id
+    assert again.payload == payload
     # the dedupe key is per caller: another caller's m1 is a different task
     other, created3 = store.enqueue(new_task(caller=RECEIVER, receiver=CALLER, message_id="m1"))
-    assert created3 and other.id != t.id
+    assert created3
+    assert other.id != t.id
     got = store.get_task(WS, t.id)
-    assert got is not None and got.payload == payload
+    assert got is not None
+    assert got.payload == payload
     assert store.get_task("other", t.id) is None  # nothing crosses workspaces
 
 
@@ -198,7 +217,8 @@ def test_events_in_order_and_progress_fenced(store: Store) -> None:
     assert store.progress(t.id, lease.epoch + 1, "artifact", "{}").outcome is Outcome.LEASE_LOST
     assert store.progress("nope", 1, "artifact", "{}").outcome is Outcome.NOT_FOUND
     evs = store.events_after(t.id)
-    assert [e.kind for e in evs] == ["status", "artifact"] and evs[1].body == '{"x": 1.0}'
+    assert [e.kind for e in evs] == ["status", "artifact"]
+    assert evs[1].body == '{"x": 1.0}'
     assert [e.seq for e in store.events_after(t.id, e1.seq)] == [evs[1].seq]
     with pytest.raises(NotFoundError):
         store.append_event("nope", "status", "{}")
@@ -208,7 +228,8 @@ def test_publisher_gets_topics_after_commit(store: Store) -> None:
     seen: list[str] = []
     store.set_publisher(seen.append)
     t, _ = store.enqueue(new_task())
-    assert receiver_topic(WS, RECEIVER) in seen and task_topic(t.id) in seen
+    assert receiver_topic(WS, RECEIVER) in seen
+    assert task_topic(t.id) in seen
     seen.clear()
     [lease] = store.claim(WS, RECEIVER, "r1")
     assert task_topic(t.id) in seen
@@ -232,12 +253,13 @@ def test_open_store_paths(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         s.close()
     d = base / "xdg" / "mellan"
-    assert (d / "relay.db").exists() and (d.stat().st_mode & 0o777) == 0o700
+    assert (d / "relay.db").exists()
+    assert (d.stat().st_mode & 0o777) == 0o700
     assert ((d / "relay.db").stat().st_mode & 0o777) == 0o600
     s2 = open_store(str(base / "bare.db"))
     s2.close()
     assert (base / "bare.db").exists()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unsupported database URL"):
         open_store("mysql://nope")
 
 
@@ -249,5 +271,5 @@ def test_enqueue_many_one_transaction_with_dedupe(store: Store) -> None:
     assert got[2][0].id == got[0][0].id
     assert store.enqueue_many([]) == []
     assert len(store.list_tasks(WS)) == 2
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_attempts"):
         store.enqueue_many([new_task(max_attempts=0)])

@@ -137,7 +137,9 @@ def test_a_failing_audit_write_undoes_the_decision(db_url: str) -> None:
                 s.claim(WS, RECEIVER, "w", limit=2, actor=ME)
             for t in (t1, t2):  # no claim without its record
                 cur = s.get_task(WS, t.id)
-                assert cur is not None and cur.state is TaskState.QUEUED and cur.attempt == 0
+                assert cur is not None
+                assert cur.state is TaskState.QUEUED
+                assert cur.attempt == 0
         leases = s.claim(WS, RECEIVER, "w", limit=2, actor=ME)
         assert [lease.task.attempt for lease in leases] == [1, 1]
         one, two = leases
@@ -150,7 +152,9 @@ def test_a_failing_audit_write_undoes_the_decision(db_url: str) -> None:
                 s.cancel(WS, two.task.id, actor="owner:alice", rule="owner")
             for lease in leases:
                 cur = s.get_task(WS, lease.task.id)
-                assert cur is not None and cur.state is TaskState.LEASED and cur.result is None
+                assert cur is not None
+                assert cur.state is TaskState.LEASED
+                assert cur.result is None
         assert s.complete(one.task.id, one.epoch, '{"r": 1}', actor=ME).outcome is Outcome.OK
         assert [a for a, _, _ in _actions(s)] == ["task.claim", "task.claim", "task.complete"]
     finally:
@@ -178,10 +182,13 @@ def test_pg_connection_cut_before_commit_leaves_neither_claim_nor_record(pg_url:
             s.claim(WS, RECEIVER, "w", limit=5, actor=ME)  # UPDATE and INSERT ran; no COMMIT
         s.before_commit = None
         cur = s.get_task(WS, t.id)
-        assert cur is not None and cur.state is TaskState.QUEUED and cur.attempt == 0
+        assert cur is not None
+        assert cur.state is TaskState.QUEUED
+        assert cur.attempt == 0
         assert s.audit_since(WS) == []  # no record of a claim that did not happen
         [lease] = s.claim(WS, RECEIVER, "w", actor=ME)
-        assert _actions(s) == [("task.claim", t.id, True)] and lease.task.attempt == 1
+        assert _actions(s) == [("task.claim", t.id, True)]
+        assert lease.task.attempt == 1
     finally:
         s.close()
 
@@ -242,4 +249,5 @@ def test_the_audit_log_is_append_only_in_the_database(db_url: str) -> None:
             with pytest.raises(psycopg.Error, match="append-only"):
                 pg.execute(sql)
         row = pg.execute("SELECT count(*) FROM audit").fetchone()
-        assert row is not None and row[0] == 1
+        assert row is not None
+        assert row[0] == 1

@@ -27,7 +27,8 @@ def test_sqlite_lock_held_elsewhere_is_unavailable_then_recovers(tmp_path: Path)
         other.execute("ROLLBACK")
         other.close()
     t, created = s.enqueue(new_task(message_id="m1"))
-    assert created and [x.id for x in s.list_tasks(WS)] == [t.id]
+    assert created
+    assert [x.id for x in s.list_tasks(WS)] == [t.id]
     s.close()
 
 
@@ -42,7 +43,8 @@ def test_sqlite_failure_mid_transaction_writes_nothing(tmp_path: Path) -> None:
         # binding a non-SQL value makes the second statement fail inside the transaction
         s.complete_many([(t.id, lease.epoch, "{}"), ("x", 1, object())])  # type: ignore[list-item]
     cur = s.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.LEASED
+    assert cur is not None
+    assert cur.state is TaskState.LEASED
     s.close()
 
 
@@ -87,11 +89,14 @@ def test_pg_connection_lost_before_commit_writes_nothing_and_recovers(pg_url: st
         s.before_commit = None
         assert len(kills) == 2
         cur = s.get_task(WS, t.id)  # recovered on the next call; nothing half-written
-        assert cur is not None and cur.state is TaskState.QUEUED and cur.attempt == 0
+        assert cur is not None
+        assert cur.state is TaskState.QUEUED
+        assert cur.attempt == 0
         assert cur.lease_epoch == 0
         assert [x.id for x in s.list_tasks(WS)] == [t.id]
         [lease] = s.claim(WS, RECEIVER, "a")
-        assert lease.task.id == t.id and lease.task.attempt == 1
+        assert lease.task.id == t.id
+        assert lease.task.attempt == 1
     finally:
         s.close()
 

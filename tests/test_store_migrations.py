@@ -47,11 +47,14 @@ def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureReque
         lease = next(x for x in leases if x.task.id == leased.id)
         assert s.complete(leased.id, lease.epoch, "{}").outcome is Outcome.OK
         again, created = s.enqueue(new_task(message_id="m"))
-        assert not created and again.id == queued.id
+        assert not created
+        assert again.id == queued.id
         nxt = s.claim(WS, RECEIVER, "r")
-        assert len(nxt) == 1 and nxt[0].task.session_key == "sess"
+        assert len(nxt) == 1
+        assert nxt[0].task.session_key == "sess"
         cur = s.get_task(WS, leased.id)
-        assert cur is not None and cur.state is TaskState.SUCCEEDED
+        assert cur is not None
+        assert cur.state is TaskState.SUCCEEDED
     finally:
         s.close()
 
@@ -59,5 +62,6 @@ def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureReque
 def test_versions_are_append_only_shaped() -> None:
     """Each version is a non-empty tuple of statements; both backends move in step."""
     for versions in (migrations.SQLITE, migrations.POSTGRES):
-        assert versions and all(v and all(isinstance(s, str) for s in v) for v in versions)
+        assert versions
+        assert all(v and all(isinstance(s, str) for s in v) for v in versions)
     assert migrations.LATEST_SQLITE == migrations.LATEST_POSTGRES

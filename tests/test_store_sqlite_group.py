@@ -58,7 +58,8 @@ def test_joined_call_failing_is_undone_alone_and_group_commits_once(tmp_path: Pa
     tb.start()
     ta.join()
     tb.join()
-    assert results["a"] == "ok" and isinstance(results["b"], RuntimeError)
+    assert results["a"] == "ok"
+    assert isinstance(results["b"], RuntimeError)
     assert [r.action for r in s.audit_since(WS)] == ["a"]  # b's write undone, a's kept
     assert s.commits - before == 1  # one COMMIT for both
     s.close()
@@ -93,5 +94,6 @@ def test_queue_behaves_the_same_either_way(tmp_path: Path, group_commit: bool) -
     assert s.complete(t.id, lease.epoch, "{}").outcome is Outcome.OK
     assert s.complete(t.id, lease.epoch, "{}").outcome is Outcome.DUPLICATE
     cur = s.get_task(WS, t.id)
-    assert cur is not None and cur.state is TaskState.SUCCEEDED
+    assert cur is not None
+    assert cur.state is TaskState.SUCCEEDED
     s.close()

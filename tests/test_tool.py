@@ -36,7 +36,8 @@ def test_schema_is_data_covering_every_verb(harness: Harness) -> None:
     assert verbs["tell"]["required"] == ["verb", "who", "message"]
     assert verbs["tell"]["properties"]["sort"]["enum"] == ["attention", "note"]
     for alt in doc["oneOf"]:
-        assert alt["type"] == "object" and alt["additionalProperties"] is False
+        assert alt["type"] == "object"
+        assert alt["additionalProperties"] is False
         assert set(alt["required"]) <= set(alt["properties"])
 
 
@@ -74,48 +75,63 @@ def test_schema_accepts_what_the_tool_accepts(verb: str, sort: str) -> None:
 
 def test_unknown_verb_and_missing_args_are_json_refusals(harness: Harness) -> None:
     r = harness.tool("--verb=dance")
-    assert r.rc == 2 and "unknown verb 'dance'" in r.error["reason"] and "tell" in r.error["reason"]
+    assert r.rc == 2
+    assert "unknown verb 'dance'" in r.error["reason"]
+    assert "tell" in r.error["reason"]
     r = harness.tool("--verb=tell", "--message=hi")
-    assert r.rc == 2 and "--who" in r.error["reason"]
+    assert r.rc == 2
+    assert "--who" in r.error["reason"]
     r = harness.tool("--verb=tell", "--who=not an id", "--message=hi")
-    assert r.rc == 2 and "not a session id" in r.error["reason"]
+    assert r.rc == 2
+    assert "not a session id" in r.error["reason"]
     r = harness.tool()
-    assert r.rc == 2 and "--verb" in r.error["reason"]
+    assert r.rc == 2
+    assert "--verb" in r.error["reason"]
     r = harness.tool("--verb=tell", "--who=alpha-beta", "--message=hi", "--chain=[1]")
-    assert r.rc == 2 and "not a chain" in r.error["reason"]
+    assert r.rc == 2
+    assert "not a chain" in r.error["reason"]
     r = harness.tool("--verb=tell", "--who=alpha-beta", "--message=hi", "--sort=loud")
-    assert r.rc == 2 and r.error["code"] == "bad-args" and "attention, note" in r.error["reason"]
+    assert r.rc == 2
+    assert r.error["code"] == "bad-args"
+    assert "attention, note" in r.error["reason"]
 
 
 def test_unknown_recipient_is_an_error_never_a_success(harness: Harness) -> None:
     root = harness.start()
     r = root.tool("--verb=tell", "--who=omega-psi", "--message=hello?")
-    assert r.rc == 1 and r.error["code"] == "unknown" and r.error["receipt"] == "refused"
+    assert r.rc == 1
+    assert r.error["code"] == "unknown"
+    assert r.error["receipt"] == "refused"
 
 
 def test_the_operator_may_look_and_tell_but_not_ask(harness: Harness) -> None:
     root = harness.start()
     assert harness.tool("--verb=status", f"--who={root.id}").rc == 0
     r = harness.tool("--verb=ask", f"--who={root.id}", "--message=?")
-    assert r.rc == 1 and r.error["code"] == "anonymous" and "MAGI_MELCHIOR_ID" in r.error["reason"]
+    assert r.rc == 1
+    assert r.error["code"] == "anonymous"
+    assert "MAGI_MELCHIOR_ID" in r.error["reason"]
 
 
 def test_a_session_whose_serve_is_not_running_is_told_so(harness: Harness) -> None:
     root = harness.start()
     minted = root.fork()
     r = harness.tool("--verb=status", env=harness.env(**minted["environment"]))
-    assert r.rc == 1 and r.error["code"] == "not-serving"
+    assert r.rc == 1
+    assert r.error["code"] == "not-serving"
 
 
 def test_stdout_holds_exactly_one_object_even_on_setup_errors(harness: Harness) -> None:
     r = harness.tool("--verb=who", env=harness.env(MAGI_MELCHIOR_PROJECT="../x"))
-    assert r.rc == 1 and "may not contain" in r.error["reason"]
+    assert r.rc == 1
+    assert "may not contain" in r.error["reason"]
 
 
 @pytest.mark.parametrize("command", ["serve", "tool", "fork", "verbs"])
 def test_every_command_has_help(command: str) -> None:
     out = subprocess.run(melchior(command, "--help"), capture_output=True, timeout=WAIT)
-    assert out.returncode == 0 and b"usage: melchior " + command.encode() in out.stdout
+    assert out.returncode == 0
+    assert b"usage: melchior " + command.encode() in out.stdout
 
 
 def test_the_tool_path_does_not_import_an_event_loop_for_who(harness: Harness) -> None:
@@ -136,15 +152,16 @@ def test_invalid_utf8_in_argv_is_refused_not_a_crash(harness: Harness) -> None:
         [*args, b"--message=caf\xe9"], capture_output=True, env=harness.env(), timeout=WAIT
     )
     reply = json.loads(proc.stdout)
-    assert proc.returncode == 2 and "not valid UTF-8" in reply["error"]["reason"]
+    assert proc.returncode == 2
+    assert "not valid UTF-8" in reply["error"]["reason"]
 
 
 @pytest.mark.parametrize("args", [("--verb=who", "--bogus"), ("--page=0",), ("--page=x",)])
 def test_flags_argparse_rejects_are_json_refusals_too(harness: Harness, args: tuple[str]) -> None:
     r = harness.tool(*args)
-    assert (
-        r.rc == 2 and r.error["code"] == "bad-args" and "melchior tool --help" in r.error["reason"]
-    )
+    assert r.rc == 2
+    assert r.error["code"] == "bad-args"
+    assert "melchior tool --help" in r.error["reason"]
 
 
 HEAVY = {"argparse", "dataclasses", "inspect", "tomllib", "hashlib", "secrets", "asyncio"}

@@ -75,4 +75,5 @@ def test_help_still_comes_from_argparse() -> None:
         check=True,
         timeout=60,
     )
-    assert "--verb VERB" in out.stdout and "usage: melchior tool" in out.stdout
+    assert "--verb VERB" in out.stdout
+    assert "usage: melchior tool" in out.stdout

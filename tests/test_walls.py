@@ -97,7 +97,8 @@ def test_the_project_wall_holds_at_every_setting(
     a = tree[data.draw(st.sampled_from(sorted(tree)))]
     stranger = Session("x0", "elsewhere", "main", None)
     d = between(a, stranger, {**tree, "x0": stranger}, talk)
-    assert not d.allowed and d.rule == "project-wall"
+    assert not d.allowed
+    assert d.rule == "project-wall"
     assert not between(stranger, a, {**tree, "x0": stranger}, talk).allowed
 
 
@@ -118,7 +119,9 @@ def test_the_seed_shape() -> None:
         "kappa-pi": Session("kappa-pi", "demo", "sub", "beta-nu"),
     }
     d = between(t["iota-mu"], t["kappa-pi"], t, "instance")
-    assert not d.allowed and "beta-nu" in d.reason and "melchior.talk" in d.reason
+    assert not d.allowed
+    assert "beta-nu" in d.reason
+    assert "melchior.talk" in d.reason
     assert between(t["iota-mu"], t["beta-nu"], t, "instance").rule == "front-door"
     assert between(t["iota-mu"], t["alpha-rho"], t, "instance").rule == "family"
     assert between(t["iota-mu"], t["kappa-pi"], t, "run").allowed is False  # two runs
@@ -152,7 +155,7 @@ def test_talk_project_override_wins(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text, match",
+    ("text", "match"),
     [
         ('[melchior]\ntalk = "world"\n', "nothing widens past the project"),
         ('[melchior.project.demo]\ntalk = "everyone"\n', "melchior.project.demo.talk"),

@@ -79,12 +79,14 @@ def test_gate_wire_command_exit_status_and_json(tmp_path: Path) -> None:
     assert f"{bad}:1: action:" in res.stdout.decode()
     res = _run("gate-wire", "--json", "-", stdin=b'{"method":"x"}\n')
     report = json.loads(res.stdout)
-    assert report["ok"] is False and report["offences"][0]["key"] == "method"
+    assert report["ok"] is False
+    assert report["offences"][0]["key"] == "method"
     cap = tmp_path / "cap.bin"
     cap.write_bytes(frames.pack({"call": "status", "args": []}))
     assert _run("gate-wire", "--frames", str(cap)).returncode == 0
     res = _run("gate-wire", str(tmp_path / "missing"))
-    assert res.returncode == 2 and b"cannot read" in res.stderr
+    assert res.returncode == 2
+    assert b"cannot read" in res.stderr
 
 
 def test_every_wire_fixture_in_the_repo_passes_the_gate() -> None:

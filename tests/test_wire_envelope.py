@@ -49,10 +49,13 @@ def test_reply_matches_seed() -> None:
 def test_refusal_is_a_reply_with_reason() -> None:
     msg = refused("no such verb 'fly'", code="unknown-verb", id=7)
     assert shape(msg) == "reply"
-    assert msg["n"] == 0 and msg["result"] == [] and msg["ok"] is False
+    assert msg["n"] == 0
+    assert msg["result"] == []
+    assert msg["ok"] is False
     with pytest.raises(Refused) as info:
         unwrap(msg)
-    assert info.value.reason == "no such verb 'fly'" and info.value.code == "unknown-verb"
+    assert info.value.reason == "no such verb 'fly'"
+    assert info.value.code == "unknown-verb"
 
 
 @given(st.lists(json_values, max_size=6))
@@ -89,7 +92,8 @@ def test_event_shape() -> None:
 def test_bad_shapes_are_named(msg: dict[str, object]) -> None:
     with pytest.raises(WireError) as info:
         shape(msg)
-    assert info.value.code == "bad-shape" and info.value.reason
+    assert info.value.code == "bad-shape"
+    assert info.value.reason
 
 
 def test_newer_family_refused_older_tolerated() -> None:

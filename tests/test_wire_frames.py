@@ -47,16 +47,19 @@ def test_arbitrary_bytes_never_crash(data: bytes, limit: int) -> None:
 
 def test_zero_length_is_fatal() -> None:
     items = list(FrameDecoder().feed(b"\x00\x00\x00\x00"))
-    assert len(items) == 1 and isinstance(items[0], WireError) and items[0].fatal
+    assert len(items) == 1
+    assert isinstance(items[0], WireError)
+    assert items[0].fatal
 
 
 def test_length_checked_before_body_arrives() -> None:
     dec = FrameDecoder(limit=10)
     items = list(dec.feed(struct.pack(">I", 11)))  # no body sent at all
-    assert (
-        isinstance(items[0], WireError) and items[0].fatal and "over the 10-byte" in items[0].reason
-    )
-    assert dec.closed and list(dec.feed(b"more")) == []
+    assert isinstance(items[0], WireError)
+    assert items[0].fatal
+    assert "over the 10-byte" in items[0].reason
+    assert dec.closed
+    assert list(dec.feed(b"more")) == []
 
 
 def _body_of(size: int) -> bytes:
@@ -73,14 +76,17 @@ def test_frame_of_exactly_the_cap_is_accepted() -> None:
 def test_frame_of_cap_plus_one_is_fatal() -> None:
     body = _body_of(65)
     items = list(FrameDecoder(limit=64).feed(struct.pack(">I", 65) + body))
-    assert len(items) == 1 and isinstance(items[0], WireError) and items[0].fatal
+    assert len(items) == 1
+    assert isinstance(items[0], WireError)
+    assert items[0].fatal
 
 
 def test_bad_body_is_not_fatal_and_next_frame_reads() -> None:
     dec = FrameDecoder()
     stream = struct.pack(">I", 3) + b"{x}" + frames.pack({"event": "ok"})
     items = list(dec.feed(stream))
-    assert isinstance(items[0], WireError) and not items[0].fatal
+    assert isinstance(items[0], WireError)
+    assert not items[0].fatal
     assert items[1] == {"event": "ok"}
 
 
@@ -89,7 +95,8 @@ def test_truncated_frame_is_a_clean_error() -> None:
     packed = frames.pack(call("status"))
     assert list(dec.feed(packed[:-3])) == []
     tail = dec.eof()
-    assert tail is not None and tail.code == "truncated"
+    assert tail is not None
+    assert tail.code == "truncated"
 
 
 def test_pack_refuses_what_the_far_side_would_refuse() -> None:

@@ -43,14 +43,16 @@ def test_line_separators_inside_strings_do_not_split() -> None:
 def test_overlong_line_is_skipped_and_next_line_reads() -> None:
     dec = LineDecoder(limit=16)
     items = _all(dec, [b'{"a":"' + b"x" * 40, b'"}\n{"event":"ok"}\n'])
-    assert isinstance(items[0], WireError) and "over the 16-byte limit" in items[0].reason
+    assert isinstance(items[0], WireError)
+    assert "over the 16-byte limit" in items[0].reason
     assert items[1] == {"event": "ok"}
 
 
 def test_bad_line_names_its_number() -> None:
     items = _all(LineDecoder(), [b'{"event":"a"}\n', b"oops\n", b'{"event":"b"}'])
     assert items[0] == {"event": "a"}
-    assert isinstance(items[1], WireError) and items[1].reason.startswith("line 2:")
+    assert isinstance(items[1], WireError)
+    assert items[1].reason.startswith("line 2:")
     assert items[2] == {"event": "b"}  # last line without LF still counts
 
 

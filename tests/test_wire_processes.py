@@ -63,13 +63,16 @@ def test_calls_refusals_and_events_over_a_socket(peer: tuple[subprocess.Popen[by
         # a bad body is refused and the connection stays usable
         s.sendall(struct.pack(">I", 5) + b"\xff\xfe\xfd{}")
         bad = _ask(s, call("echo", [1]))  # the refusal of the bad body comes first
-        assert bad["ok"] is False and "UTF-8" in str(bad["error"])
+        assert bad["ok"] is False
+        assert "UTF-8" in str(bad["error"])
         assert unwrap(frames.recv(s) or {}) == [1]
         assert unwrap(_ask(s, call("events"))) == [{"event": "note", "text": "no answer expected"}]
         reply = _ask(s, {"type": "status"})
-        assert reply["ok"] is False and "neither a call" in str(reply["error"])
+        assert reply["ok"] is False
+        assert "neither a call" in str(reply["error"])
         reply = _ask(s, {"call": "echo", "args": [], "family": 99})
-        assert reply["ok"] is False and "newer" in str(reply["error"])
+        assert reply["ok"] is False
+        assert "newer" in str(reply["error"])
 
 
 def test_oversized_frame_is_refused_then_closed(peer: tuple[subprocess.Popen[bytes], str]) -> None:
@@ -77,7 +80,8 @@ def test_oversized_frame_is_refused_then_closed(peer: tuple[subprocess.Popen[byt
     with _connect(path) as s:
         s.sendall(struct.pack(">I", 4096))  # peer's limit is 1024; no body follows
         reply = frames.recv(s)
-        assert reply is not None and reply["ok"] is False
+        assert reply is not None
+        assert reply["ok"] is False
         assert "over the 1024-byte limit" in str(reply["error"])
         assert frames.recv(s) is None  # closed by the peer
     with _connect(path) as s:  # the server itself is fine
@@ -91,7 +95,8 @@ def test_zero_length_frame_is_refused_then_closed(
     with _connect(path) as s:
         s.sendall(b"\x00\x00\x00\x00")
         reply = frames.recv(s)
-        assert reply is not None and "length is 0" in str(reply["error"])
+        assert reply is not None
+        assert "length is 0" in str(reply["error"])
         assert frames.recv(s) is None
 
 
@@ -107,7 +112,8 @@ def test_truncated_frame_from_client_does_not_hurt_server(
 
 def test_pipe_both_directions_and_exit_on_eof(peer: tuple[subprocess.Popen[bytes], str]) -> None:
     proc, _ = peer
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
+    assert proc.stdout is not None
     proc.stdin.write(b'{"event":"doing","busy":true,"working_for":7,"waiting":0}\n')
     proc.stdin.write(b"garbage\n")
     proc.stdin.flush()
@@ -116,7 +122,8 @@ def test_pipe_both_directions_and_exit_on_eof(peer: tuple[subprocess.Popen[bytes
         "got": {"event": "doing", "busy": True, "working_for": 7, "waiting": 0},
     }
     refusal = json.loads(proc.stdout.readline())
-    assert refusal["event"] == "refused" and "line 2" in refusal["reason"]
+    assert refusal["event"] == "refused"
+    assert "line 2" in refusal["reason"]
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
 

@@ -141,7 +141,7 @@ class Inbox:
             self._remember(e, DELIVERED, via)
         return taken
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 (True/False is the answer: woken or timed out)
         """Wait up to ``timeout`` seconds for a message to be waiting; True if one is."""
         if self._waiting:
             return True

@@ -260,7 +260,8 @@ def merge_codex_config(text: str, name: str, base: Sequence[str], mcp_args: Sequ
     else:
         out = out.rstrip("\n") + "\n\n" + server + "\n"
     result = tomllib.loads(out)  # what we wrote must read back as what we meant
-    assert result["notify"] == want["notify"] and result["features"]["hooks"] is True
+    assert result["notify"] == want["notify"]
+    assert result["features"]["hooks"] is True
     assert result["mcp_servers"][name] == want["mcp_servers"][name]
     return out.lstrip("\n")
 

@@ -146,7 +146,8 @@ class TurnDelivery:
         return carry(self.state, self.emit, message, rule=d.rule, turn=self.turn)
 
     def _hold(self, message: Message) -> Receipt:
-        assert message.chain is not None and message.message_id is not None
+        assert message.chain is not None
+        assert message.message_id is not None
         with self.state.tx():
             held = self.state.hold(
                 message.sender, message.recipient, message.text, message.chain, message.message_id

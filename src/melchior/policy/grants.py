@@ -8,7 +8,7 @@ cannot be done by probing; the audit log keeps the precise rule.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 from melchior.policy.decision import Decision, allow, refuse
 
@@ -46,6 +46,51 @@ def may_invoke(
     if capability not in granted:
         return refuse("no-grant", f"{caller} holds no grant for {capability!r} on {receiver}")
     return allow("grant", f"{caller} may invoke {capability} on {receiver}")
+
+
+def may_grant(
+    *,
+    workspace: str,
+    caller: str,
+    receiver: str,
+    capabilities: Sequence[str],
+    caller_exists: bool,
+    receiver_exists: bool,
+    declared: Set[str],
+) -> Decision:
+    """May an owner grant ``caller`` these capabilities on ``receiver``? A grant joins two
+    different agents of the workspace, in one direction, for capabilities the receiver
+    declares; anything else is refused naming the rule."""
+    if caller == receiver:
+        return refuse(
+            "self",
+            f"{caller!r} cannot be granted capabilities on itself; grants join two different "
+            "agents",
+        )
+    if not caller_exists:
+        return refuse(
+            "unknown-agent",
+            f"no calling agent {caller!r} in workspace {workspace!r}; add it first "
+            f"('mellan agent add {caller}')",
+        )
+    if not receiver_exists:
+        return refuse(
+            "unknown-agent",
+            f"no receiving agent {receiver!r} in workspace {workspace!r}; add it first "
+            f"('mellan agent add {receiver} --capability …')",
+        )
+    undeclared = [c for c in capabilities if c not in declared]
+    if undeclared:
+        have = ", ".join(sorted(declared)) or "none"
+        return refuse(
+            "unknown-capability",
+            f"{receiver} declares no capability {', '.join(repr(c) for c in undeclared)} "
+            f"(it declares: {have})",
+        )
+    return allow(
+        "owner",
+        f"{caller} may invoke {', '.join(capabilities)} on {receiver} (this direction only)",
+    )
 
 
 def chosen_capability(capability: str | None, usable: Set[str]) -> str:

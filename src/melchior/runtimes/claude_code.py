@@ -225,11 +225,11 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def deliver_to_inbox(path: str, text: str, token: str | None, timeout: float) -> None:
+async def deliver_to_inbox(path: str, text: str, token: str | None, within: float) -> None:
     """Write ``text`` to a live Claude Code session's inbox socket as one user message
     (after an auth line when ``token`` is given), then close."""
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             _, writer = await asyncio.open_unix_connection(path)
     except (OSError, TimeoutError, ValueError) as exc:
         raise InboxUnavailable(_reason(exc)) from None
@@ -239,14 +239,14 @@ async def deliver_to_inbox(path: str, text: str, token: str | None, timeout: flo
     lines.append({"type": "user", "message": {"role": "user", "content": text}})
     try:
         writer.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             await writer.drain()
     except (OSError, TimeoutError) as exc:
         raise InboxBroken(_reason(exc)) from None
     finally:
         writer.close()
         with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 await writer.wait_closed()
 
 

@@ -169,7 +169,8 @@ async def stop_group(pgid: int, grace: float) -> None:
     # After SIGKILL the kernel needs a moment; a process in uninterruptible sleep may
     # need longer, and waiting for it forever would hang the caller, so bound it.
     deadline = time.monotonic() + 10.0
-    while group_alive(pgid) and time.monotonic() < deadline:
+    # No event says a process group has died: polling /proc is the only way to know.
+    while group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(_POLL)
 
 
@@ -317,7 +318,8 @@ async def run_process(
     deadline = asyncio.timeout(limits.timeout)
 
     async def supervise() -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         async with asyncio.TaskGroup() as tg:
             readers = [
                 tg.create_task(_read_lines(proc.stdout, on_line, limits.line_limit)),

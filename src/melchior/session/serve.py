@@ -249,9 +249,8 @@ class Serve:
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         if sock is None or peer_uid(sock) != os.getuid():
-            msg = refused("sessions answer only their own user", code="other-uid")
             with contextlib.suppress(Exception):
-                await frames.write(writer, msg)
+                await frames.write(writer, other_uid_refusal())
             writer.close()
             return
         try:
@@ -451,6 +450,13 @@ class Serve:
         return [{"ending": True}]
 
 
+def other_uid_refusal() -> JSONObject:
+    """The one reply a process of another user gets before it is disconnected: the kernel's
+    peer credentials decided it, and like every refusal it names its rule."""
+    exc = deny("other-uid", "sessions answer only their own user")
+    return refused(exc.reason, code=exc.code, **exc.detail)
+
+
 class Harness:
     """The pipe to this session's harness, as an :class:`~melchior.envelope.AsyncDelivery`.
 
@@ -535,10 +541,13 @@ async def run(me: Identity, reg: Registry, talk: Talk) -> int:
     path = await serve.publish()
     try:
         await out.send(event("listening", at=str(path), id=me.id, project=me.project))
-        tasks = [asyncio.create_task(serve.read_parent(reader)), asyncio.create_task(serve.watch())]
-        await serve.done.wait()
-        for task in tasks:
-            task.cancel()
+        # Both loops are owned here and awaited on the way out: nothing outlives serve.
+        async with asyncio.TaskGroup() as loops:
+            parent = loops.create_task(serve.read_parent(reader), name="serve-parent-pipe")
+            watch = loops.create_task(serve.watch(), name="serve-publish-watch")
+            await serve.done.wait()
+            parent.cancel()
+            watch.cancel()
         if serve.ended_by is not None:
             with contextlib.suppress(Exception):
                 await out.send(event("end", who=serve.ended_by, id=me.id))

@@ -7,17 +7,15 @@ holds the shared :class:`~melchior.mellan.relay.context.Relay`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from melchior.mellan.relay.context import Relay
@@ -79,43 +77,42 @@ async def sweep_leases(relay: Relay) -> None:
             log.info("lease sweep: %d expired task(s) out of attempts marked failed", changed)
 
 
-async def http_error(request: Request, exc: Exception) -> Response:
-    """Router-level misses under ``/api`` (no such path, wrong method) answer in the API's
-    JSON error shape; everything else keeps Starlette's default."""
-    assert isinstance(exc, HTTPException)
-    if not request.url.path.startswith("/api/"):
-        return PlainTextResponse(exc.detail, exc.status_code, headers=exc.headers)
-    code = {404: "no-such-endpoint", 405: "method-not-allowed"}.get(exc.status_code, "http")
-    reason = f"{request.method} {request.url.path}: {exc.detail}; see docs/mellan.md for the API"
-    return JSONResponse(
-        {"error": {"code": code, "reason": reason}}, exc.status_code, headers=exc.headers
-    )
-
-
 def create_app(relay: Relay) -> Starlette:
+    """The replica's application: ``/healthz``, and two mounts that each render their
+    own refusals — ``/api`` (control and receiver APIs: ``{"error": {code, reason,
+    rule}}``) and ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) — so no
+    endpoint catches errors itself. The lifespan owns every background task of the
+    replica (lease sweeper, accept batcher) in one task group, and awaits them on the way
+    out."""
     from melchior.mellan.relay import a2a, control, receiver_api
+    from melchior.mellan.relay.a2a import paths
+    from melchior.mellan.relay.http import HANDLERS
 
-    routes: list[BaseRoute] = [Route("/healthz", healthz)]
-    routes += control.routes()
-    routes += receiver_api.routes()
-    routes += a2a.routes()
+    api = Starlette(routes=control.routes() + receiver_api.routes(), exception_handlers=HANDLERS)
+    entry = Starlette(routes=a2a.routes(), exception_handlers=a2a.HANDLERS)
+    for sub in (api, entry):
+        sub.state.relay = relay
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await relay.notifier.start()
-        sweeper = asyncio.create_task(sweep_leases(relay), name="mellan-lease-sweeper")
         try:
-            yield
+            async with asyncio.TaskGroup() as tasks:
+                owned = [
+                    tasks.create_task(sweep_leases(relay), name="mellan-lease-sweeper"),
+                    relay.batcher.start(tasks),
+                ]
+                try:
+                    yield
+                finally:
+                    for task in owned:
+                        task.cancel()
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
             await relay.notifier.stop()
 
     app = Starlette(
-        routes=routes,
+        routes=[Route("/healthz", healthz), Mount("/api", api), Mount(paths.PREFIX, entry)],
         lifespan=lifespan,
-        exception_handlers={HTTPException: http_error},
         middleware=[Middleware(HeaderLimit)],
     )
     app.state.relay = relay

@@ -11,6 +11,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from typing import TYPE_CHECKING, NamedTuple
+
+from starlette.requests import Request
+
+from melchior.mellan.relay.store.base import CredentialKind, Principal, Task
+from melchior.policy.visibility import Parties, Viewer
+
+if TYPE_CHECKING:
+    from melchior.mellan.relay.context import Relay
 
 TOKEN_PREFIX = "mln_"
 
@@ -35,3 +44,32 @@ def bearer(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not value.strip():
         return None
     return value.strip()
+
+
+# -- who is asking: one reading of a bearer credential for every surface ---------------------
+
+
+class Identified(NamedTuple):
+    """The principal behind a request's credential, or why there is none: ``missing`` (no
+    bearer header) or ``unknown`` (unknown, revoked or expired). Each surface words the
+    refusal its own way; this is the one place the credential is read."""
+
+    principal: Principal | None
+    why: str = ""
+
+
+async def identify(request: Request, relay: Relay) -> Identified:
+    token = bearer(request.headers.get("authorization"))
+    if token is None:
+        return Identified(None, "missing")
+    principal = await relay.call(relay.store.principal_for, hash_token(token))
+    return Identified(principal, "" if principal is not None else "unknown")
+
+
+def viewer_of(principal: Principal) -> Viewer:
+    """The principal as :mod:`melchior.policy.visibility` sees a viewer."""
+    return Viewer(principal.workspace, principal.kind is CredentialKind.OWNER, principal.subject)
+
+
+def parties_of(task: Task) -> Parties:
+    return Parties(task.workspace, task.caller, task.receiver)

@@ -7,11 +7,12 @@ query never stalls the event loop that is holding long-polls and streams open.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store
 
@@ -34,6 +35,11 @@ class Relay:
     closing: bool = False
     """Set when the replica is shutting down: long-polls answer at their next store read
     instead of holding the graceful shutdown open until their ``wait`` runs out."""
+    batcher: Batcher = field(init=False, repr=False)
+    """Group commit of accepted sends; its consumer is run by the app's lifespan."""
+
+    def __post_init__(self) -> None:
+        self.batcher = Batcher(self)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)

@@ -23,14 +23,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from melchior.mellan.relay.auth import hash_token, new_token
+from melchior.mellan.relay.auth import hash_token, new_token, parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
     JSON,
     ApiError,
     actor,
     authenticate,
-    endpoint,
     event_view,
     field_int,
     field_str,
@@ -54,6 +53,8 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskState,
 )
+from melchior.policy.grants import may_grant
+from melchior.policy.visibility import Party, may_see_task, party_filters
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}$")
 CAPABILITY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -98,16 +99,10 @@ async def _as_party(
     receiver: str | None,
     query: Callable[[str | None, str | None], list[_Row]],
 ) -> list[_Row]:
-    """The rows an agent credential may see under a (caller, receiver) filter: those it is
-    a party to, as the caller or as the receiver — one rule for grants and tasks alike.
-    A filter naming someone else on both sides leaves nothing; each row appears once."""
-    routes: list[tuple[str | None, str | None]] = []
-    if caller in (None, me.subject):
-        routes.append((me.subject, receiver))
-    if receiver in (None, me.subject):
-        routes.append((caller, me.subject))
+    """The rows a credential may see under a (caller, receiver) filter: for an agent those
+    it is a party to (:func:`melchior.policy.visibility.party_filters`), each once."""
     seen: dict[str, _Row] = {}
-    for c, r in routes:
+    for c, r in party_filters(viewer_of(me), caller, receiver):
         for row in await relay.call(query, c, r):
             seen[row.id] = row
     return list(seen.values())
@@ -167,7 +162,6 @@ def audit_view(rec: AuditRecord) -> dict[str, Any]:
 # -- who am I ------------------------------------------------------------------------------------
 
 
-@endpoint
 async def whoami(request: Request) -> Response:
     relay, me = await _who(request)
     return JSON(
@@ -217,7 +211,6 @@ def _capabilities(raw: Any) -> list[Capability]:
     return list(out.values())
 
 
-@endpoint
 async def add_agent(request: Request) -> Response:
     relay, me = await _who(request)
     await _owner_only(relay, me, "agent.add")
@@ -253,7 +246,6 @@ async def add_agent(request: Request) -> Response:
     return JSON(agent_view(agent), 201)
 
 
-@endpoint
 async def list_agents(request: Request) -> Response:
     relay, me = await _who(request)
     if _is_owner(me):
@@ -264,7 +256,6 @@ async def list_agents(request: Request) -> Response:
     return JSON({"agents": [agent_view(a) for a in agents]})
 
 
-@endpoint
 async def get_agent(request: Request) -> Response:
     relay, me = await _who(request)
     agent_id = request.path_params["agent_id"]
@@ -286,7 +277,6 @@ def _plus_seconds(iso_now: str, seconds: int) -> str:
     return text.replace("+00:00", "Z") if iso_now.endswith("Z") else text
 
 
-@endpoint
 async def enroll(request: Request) -> Response:
     """Mint a one-time, expiring enrollment code for an agent; shown once, stored hashed."""
     relay, me = await _who(request)
@@ -328,7 +318,6 @@ async def enroll(request: Request) -> Response:
     )
 
 
-@endpoint
 async def join(request: Request) -> Response:
     """Exchange an enrollment code for an agent credential. No auth: the code is the credential.
 
@@ -366,7 +355,6 @@ async def join(request: Request) -> Response:
 # -- grants --------------------------------------------------------------------------------------
 
 
-@endpoint
 async def add_grant(request: Request) -> Response:
     relay, me = await _who(request)
     await _owner_only(relay, me, "grant.add")
@@ -381,52 +369,31 @@ async def add_grant(request: Request) -> Response:
             f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
         )
     caps = list(dict.fromkeys(caps))
-    subject = f"{caller} -> {receiver}"
-
-    async def refuse(status: int, code: str, reason: str) -> ApiError:
-        await record(
-            relay, me.workspace, actor(me), "grant.add", subject, False, code, reason,
-            {"caller": caller, "receiver": receiver, "capabilities": caps},
-        )  # fmt: skip
-        return ApiError(status, code, reason)
-
-    if caller == receiver:
-        raise await refuse(
-            400, "self", f"{caller!r} cannot be granted capabilities on itself; grants join two "
-            "different agents"
-        )  # fmt: skip
+    detail = {"caller": caller, "receiver": receiver, "capabilities": caps}
     caller_agent = await relay.call(relay.store.get_agent, me.workspace, caller)
-    if caller_agent is None:
-        raise await refuse(
-            404, "unknown-agent", f"no calling agent {caller!r} in workspace {me.workspace!r}; "
-            f"add it first ('mellan agent add {caller}')"
-        )  # fmt: skip
     receiver_agent = await relay.call(relay.store.get_agent, me.workspace, receiver)
-    if receiver_agent is None:
-        raise await refuse(
-            404, "unknown-agent", f"no receiving agent {receiver!r} in workspace "
-            f"{me.workspace!r}; add it first ('mellan agent add {receiver} --capability …')"
+    decision = may_grant(
+        workspace=me.workspace,
+        caller=caller,
+        receiver=receiver,
+        capabilities=caps,
+        caller_exists=caller_agent is not None,
+        receiver_exists=receiver_agent is not None,
+        declared={c.id for c in receiver_agent.capabilities} if receiver_agent else set(),
+    )
+    if not decision:
+        await record(
+            relay, me.workspace, actor(me), "grant.add", f"{caller} -> {receiver}", False,
+            decision.rule, decision.reason, detail,
         )  # fmt: skip
-    declared = {c.id for c in receiver_agent.capabilities}
-    undeclared = [c for c in caps if c not in declared]
-    if undeclared:
-        have = ", ".join(sorted(declared)) or "none"
-        raise await refuse(
-            400, "unknown-capability", f"{receiver} declares no capability "
-            f"{', '.join(repr(c) for c in undeclared)} (it declares: {have})"
-        )  # fmt: skip
-    audit = Record(
-        actor(me), "grant.add", "owner",
-        f"{caller} may invoke {', '.join(caps)} on {receiver} (this direction only)",
-        {"caller": caller, "receiver": receiver, "capabilities": caps},
-    )  # fmt: skip
+        raise ApiError.of(404 if decision.rule == "unknown-agent" else 400, decision)
+    audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
     grant = await relay.call(
         relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
     )
     return JSON(grant_view(grant), 201)
 
 
-@endpoint
 async def list_grants(request: Request) -> Response:
     relay, me = await _who(request)
     include_revoked = request.query_params.get("include_revoked", "") in ("1", "true", "yes")
@@ -447,7 +414,6 @@ async def list_grants(request: Request) -> Response:
     return JSON({"grants": [grant_view(g) for g in grants]})
 
 
-@endpoint
 async def revoke_grant(request: Request) -> Response:
     relay, me = await _who(request)
     await _owner_only(relay, me, "grant.revoke")
@@ -474,7 +440,6 @@ async def revoke_grant(request: Request) -> Response:
 # -- audit ---------------------------------------------------------------------------------------
 
 
-@endpoint
 async def audit(request: Request) -> Response:
     """Audit records after ``after`` (a seq); with ``wait`` > 0, long-poll for new ones."""
     relay, me = await _who(request)
@@ -498,13 +463,13 @@ async def audit(request: Request) -> Response:
 # -- tasks ---------------------------------------------------------------------------------------
 
 
-def _may_see(me: Principal, task: Task | None) -> bool:
-    if task is None or task.workspace != me.workspace:
+def _may_see(me: Principal, task: Task | None, party: Party = "any") -> bool:
+    """The visibility rule every surface shares (:mod:`melchior.policy.visibility`)."""
+    if task is None:
         return False
-    return _is_owner(me) or me.subject in (task.caller, task.receiver)
+    return may_see_task(viewer_of(me), parties_of(task), party=party).allowed
 
 
-@endpoint
 async def list_tasks(request: Request) -> Response:
     relay, me = await _who(request)
     q = request.query_params
@@ -546,7 +511,6 @@ async def list_tasks(request: Request) -> Response:
     )
 
 
-@endpoint
 async def get_task(request: Request) -> Response:
     relay, me = await _who(request)
     task_id = request.path_params["task_id"]
@@ -560,16 +524,13 @@ async def get_task(request: Request) -> Response:
     return JSON(view)
 
 
-@endpoint
 async def cancel_task(request: Request) -> Response:
     """Cancel a queued task at once, or revoke a leased task's lease (the receiver's next
     renew answers lease-lost, reason "cancelled"). Owners, and the task's caller, may."""
     relay, me = await _who(request)
     task_id = request.path_params["task_id"]
     task = await relay.call(relay.store.get_task, me.workspace, task_id)
-    if not _may_see(me, task) or (
-        task is not None and not _is_owner(me) and task.caller != me.subject
-    ):
+    if not _may_see(me, task, "caller"):
         raise _not_found(f"task {task_id!r}")
     assert task is not None
     rule = "owner" if _is_owner(me) else "caller"
@@ -590,7 +551,6 @@ async def cancel_task(request: Request) -> Response:
 # -- credentials ---------------------------------------------------------------------------------
 
 
-@endpoint
 async def revoke_credential(request: Request) -> Response:
     """Revoke a credential at once. Owners may revoke any in their workspace; an agent only
     its own (e.g. a machine being retired)."""
@@ -612,20 +572,20 @@ async def revoke_credential(request: Request) -> Response:
 
 def routes() -> list[BaseRoute]:
     return [
-        Route("/api/whoami", whoami, methods=["GET"]),
-        Route("/api/agents", add_agent, methods=["POST"]),
-        Route("/api/agents", list_agents, methods=["GET"]),
-        Route("/api/agents/{agent_id:path}", get_agent, methods=["GET"]),
-        Route("/api/enrollments", enroll, methods=["POST"]),
-        Route("/api/join", join, methods=["POST"]),
-        Route("/api/grants", add_grant, methods=["POST"]),
-        Route("/api/grants", list_grants, methods=["GET"]),
-        Route("/api/grants/{grant_id}", revoke_grant, methods=["DELETE"]),
-        Route("/api/grants/{grant_id}/revoke", revoke_grant, methods=["POST"]),
-        Route("/api/audit", audit, methods=["GET"]),
-        Route("/api/tasks", list_tasks, methods=["GET"]),
-        Route("/api/tasks/{task_id}", get_task, methods=["GET"]),
-        Route("/api/tasks/{task_id}/cancel", cancel_task, methods=["POST"]),
-        Route("/api/credentials/{credential_id}", revoke_credential, methods=["DELETE"]),
-        Route("/api/credentials/{credential_id}/revoke", revoke_credential, methods=["POST"]),
+        Route("/whoami", whoami, methods=["GET"]),
+        Route("/agents", add_agent, methods=["POST"]),
+        Route("/agents", list_agents, methods=["GET"]),
+        Route("/agents/{agent_id:path}", get_agent, methods=["GET"]),
+        Route("/enrollments", enroll, methods=["POST"]),
+        Route("/join", join, methods=["POST"]),
+        Route("/grants", add_grant, methods=["POST"]),
+        Route("/grants", list_grants, methods=["GET"]),
+        Route("/grants/{grant_id}", revoke_grant, methods=["DELETE"]),
+        Route("/grants/{grant_id}/revoke", revoke_grant, methods=["POST"]),
+        Route("/audit", audit, methods=["GET"]),
+        Route("/tasks", list_tasks, methods=["GET"]),
+        Route("/tasks/{task_id}", get_task, methods=["GET"]),
+        Route("/tasks/{task_id}/cancel", cancel_task, methods=["POST"]),
+        Route("/credentials/{credential_id}", revoke_credential, methods=["DELETE"]),
+        Route("/credentials/{credential_id}/revoke", revoke_credential, methods=["POST"]),
     ]

@@ -17,36 +17,57 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from functools import wraps
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from melchior.mellan.rawjson import Raw, encode, whole
-from melchior.mellan.relay.auth import bearer, hash_token
+from melchior.mellan.relay.auth import identify
 from melchior.mellan.relay.body import BodyError
 from melchior.mellan.relay.body import read_json as read_json_body
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import audit_topic
-from melchior.mellan.relay.store.base import CredentialKind, Principal, Task, TaskEvent
+from melchior.mellan.relay.store.base import (
+    Conflict,
+    CredentialKind,
+    NotFoundError,
+    Principal,
+    StoreError,
+    StoreUnavailable,
+    Task,
+    TaskEvent,
+)
+from melchior.policy.decision import Decision
 
 log = logging.getLogger("melchior.mellan")
 
-Handler = Callable[[Request], Awaitable[Response]]
-
 
 class ApiError(Exception):
-    """A refusal to answer with: HTTP status, stable code, and a reason a user can act on."""
+    """A refusal to answer with: HTTP status, stable code, a reason a user can act on, and
+    the rule that decided it (the code, unless a policy :class:`Decision` names its own)."""
 
     def __init__(
-        self, status: int, code: str, reason: str, extra: dict[str, Any] | None = None
+        self,
+        status: int,
+        code: str,
+        reason: str,
+        extra: dict[str, Any] | None = None,
+        *,
+        rule: str | None = None,
     ) -> None:
         super().__init__(reason)
         self.status = status
         self.code = code
         self.reason = reason
         self.extra = extra or {}
+        self.rule = rule or code
+
+    @classmethod
+    def of(cls, status: int, decision: Decision, code: str | None = None, **extra: Any) -> ApiError:
+        """The refusal a policy decision made, with its rule and its sentence."""
+        return cls(status, code or decision.rule, decision.reason, extra, rule=decision.rule)
 
 
 class JSON(Response):
@@ -57,29 +78,11 @@ class JSON(Response):
 
 
 def error_response(
-    status: int, code: str, reason: str, extra: dict[str, Any] | None = None
+    status: int, code: str, reason: str, extra: dict[str, Any] | None = None, rule: str = ""
 ) -> JSON:
     body: dict[str, Any] = dict(extra or {})
-    body["error"] = {"code": code, "reason": reason}
+    body["error"] = {"code": code, "reason": reason, "rule": rule or code}
     return JSON(body, status)
-
-
-def store_unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` means the database could not be reached or dropped the connection.
-
-    Recognised by driver class names so this module never imports a driver: psycopg's
-    ``OperationalError``/``InterfaceError`` (connection refused, terminated backend, closed
-    pool) and sqlite3's ``OperationalError`` (locked, disk I/O, unable to open).
-    """
-    for klass in type(exc).__mro__:
-        module = klass.__module__ or ""
-        if klass.__name__ in ("OperationalError", "InterfaceError", "PoolTimeout") and (
-            module.startswith(("psycopg", "sqlite3", "psycopg_pool"))
-        ):
-            return True
-        if klass.__name__ == "StoreUnavailable":
-            return True
-    return False
 
 
 def unavailable_reason(exc: BaseException) -> str:
@@ -96,30 +99,56 @@ def unavailable_reason(exc: BaseException) -> str:
     )
 
 
-def endpoint(fn: Handler) -> Handler:
-    """Wrap a handler so refusals and database outages become the JSON errors above."""
+# -- the API's exception handlers (one Mount, one place; see melchior.mellan.relay.app) ---------
 
-    @wraps(fn)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except ApiError as exc:
-            return error_response(exc.status, exc.code, exc.reason, exc.extra)
-        except Exception as exc:
-            if store_unavailable(exc):
-                log.warning(
-                    "database unavailable during %s %s: %s", request.method, request.url.path, exc
-                )
-                return error_response(503, "database-unavailable", unavailable_reason(exc))
-            log.exception("unexpected error in %s %s", request.method, request.url.path)
-            return error_response(
-                500,
-                "internal",
-                f"the relay failed unexpectedly ({type(exc).__name__}); the relay log has "
-                "the details. Writes are single transactions, so retrying is safe",
-            )
 
-    return wrapper
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.code, exc.reason, exc.extra, exc.rule)
+
+
+async def store_error(request: Request, exc: Exception) -> Response:
+    """The store's refusals: unavailable (503, said truthfully), already exists (409),
+    names something unknown (404). Drivers' errors never get here: a store wraps them."""
+    if isinstance(exc, StoreUnavailable):
+        log.warning("database unavailable during %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "database-unavailable", unavailable_reason(exc))
+    if isinstance(exc, Conflict):
+        return error_response(409, "exists", f"{exc}; ids are stable, pick another one")
+    if isinstance(exc, NotFoundError):
+        return error_response(404, "not-found", str(exc))
+    return await internal_error(request, exc)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A bug is still an answer in the API's shape (and a traceback in the relay log)."""
+    log.exception("unexpected error in %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(
+        500,
+        "internal",
+        f"the relay failed unexpectedly ({type(exc).__name__}); the relay log has the details. "
+        "Writes are single transactions, so retrying is safe",
+    )
+
+
+async def route_error(request: Request, exc: Exception) -> Response:
+    """Router misses (no such path, wrong method) in the API's JSON error shape."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "no-such-endpoint", 405: "method-not-allowed"}.get(exc.status_code, "http")
+    reason = f"{request.method} {request.url.path}: {exc.detail}; see docs/mellan.md for the API"
+    response = error_response(exc.status_code, code, reason)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ApiError: api_error,
+    StoreError: store_error,
+    HTTPException: route_error,
+    Exception: internal_error,
+}
+"""Exception handlers of the ``/api`` mount: every refusal and failure in one shape."""
 
 
 async def read_json(request: Request, relay: Relay) -> Any:
@@ -141,15 +170,14 @@ async def read_object(request: Request, relay: Relay) -> dict[str, Any]:
 
 async def authenticate(request: Request, relay: Relay) -> Principal:
     """The principal behind the request's bearer credential, or a 401 that says what to do."""
-    token = bearer(request.headers.get("authorization"))
-    if token is None:
+    principal, why = await identify(request, relay)
+    if why == "missing":
         raise ApiError(
             401,
             "unauthenticated",
             "this endpoint needs a credential: send 'Authorization: Bearer <token>' "
             "(an owner token from the relay's first start, or an agent token from 'mellan join')",
         )
-    principal = await relay.call(relay.store.principal_for, hash_token(token))
     if principal is None:
         raise ApiError(
             401,
@@ -321,9 +349,7 @@ async def record(
         seq = await relay.call(
             relay.store.audit, workspace, who, action, subject, allowed, rule, reason, detail
         )
-    except Exception as exc:
-        if not store_unavailable(exc):
-            raise
+    except StoreUnavailable as exc:
         log.error(
             "audit record not stored (database unavailable: %s): workspace=%s actor=%s "
             "action=%s subject=%s allowed=%s rule=%s reason=%s detail=%s",

@@ -36,7 +36,7 @@ class Notifier(Protocol):
         """Wake every waiter on ``topic`` (on every replica, for networked notifiers)."""
         ...
 
-    async def wait(self, topic: str, timeout: float) -> bool:
+    async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
         """Wait until ``topic`` is published or ``timeout`` passes; True if woken."""
         ...
 
@@ -74,7 +74,7 @@ class LocalNotifier:
         for ev in self._waiters.get(topic, ()):
             ev.set()
 
-    async def wait(self, topic: str, timeout: float) -> bool:
+    async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         ev = asyncio.Event()

@@ -119,7 +119,7 @@ class PgNotifier:
         else:
             loop.call_soon_threadsafe(self._arm)
 
-    async def wait(self, topic: str, timeout: float) -> bool:
+    async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
         return await self._local.wait(topic, timeout)
 
     # -- internals ----------------------------------------------------------------------------

@@ -42,13 +42,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.rawjson import encode
+from melchior.mellan.relay.auth import parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
     JSON,
     ApiError,
     actor,
     authenticate,
-    endpoint,
     error_response,
     field_bool,
     field_int,
@@ -60,6 +60,7 @@ from melchior.mellan.relay.http import (
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, Verdict
+from melchior.policy.visibility import may_see_task
 
 MAX_CLAIM = 100
 MAX_WAIT = 60
@@ -86,7 +87,6 @@ def lease_view(lease: Lease) -> dict[str, Any]:
     return {"task": task_view(lease.task), "epoch": lease.epoch, "expires_at": lease.expires_at}
 
 
-@endpoint
 async def claim(request: Request) -> Response:
     """Lease runnable tasks, waiting up to ``wait`` seconds for one to appear.
 
@@ -124,7 +124,7 @@ async def claim(request: Request) -> Response:
 
 async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
     task = await relay.call(relay.store.get_task, me.workspace, task_id)
-    if task is None or task.receiver != me.subject:
+    if task is None or not may_see_task(viewer_of(me), parties_of(task), party="receiver"):
         raise ApiError(
             404,
             "not-found",
@@ -154,7 +154,6 @@ def _fenced(relay: Relay, me: Principal, task_id: str, verdict: Verdict) -> Resp
     return JSON({"outcome": verdict.outcome.value})
 
 
-@endpoint
 async def renew(request: Request) -> Response:
     relay, me = await _agent(request)
     task_id = request.path_params["task_id"]
@@ -168,7 +167,6 @@ async def renew(request: Request) -> Response:
     return _fenced(relay, me, task_id, outcome)
 
 
-@endpoint
 async def progress(request: Request) -> Response:
     relay, me = await _agent(request)
     task_id = request.path_params["task_id"]
@@ -203,7 +201,6 @@ def _check_result(result: Any) -> dict[str, Any]:
     return result
 
 
-@endpoint
 async def complete(request: Request) -> Response:
     relay, me = await _agent(request)
     task_id = request.path_params["task_id"]
@@ -229,7 +226,6 @@ def backoff(attempt: int) -> float:
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
-@endpoint
 async def fail(request: Request) -> Response:
     relay, me = await _agent(request)
     task_id = request.path_params["task_id"]
@@ -262,7 +258,6 @@ async def fail(request: Request) -> Response:
     return response
 
 
-@endpoint
 async def cancel_ack(request: Request) -> Response:
     """The receiver has stopped a cancelled task's work: free its session slot now rather
     than after the cancel grace period."""
@@ -277,10 +272,10 @@ async def cancel_ack(request: Request) -> Response:
 
 def routes() -> list[BaseRoute]:
     return [
-        Route("/api/receiver/claim", claim, methods=["POST"]),
-        Route("/api/receiver/tasks/{task_id}/renew", renew, methods=["POST"]),
-        Route("/api/receiver/tasks/{task_id}/progress", progress, methods=["POST"]),
-        Route("/api/receiver/tasks/{task_id}/complete", complete, methods=["POST"]),
-        Route("/api/receiver/tasks/{task_id}/fail", fail, methods=["POST"]),
-        Route("/api/receiver/tasks/{task_id}/cancel-ack", cancel_ack, methods=["POST"]),
+        Route("/receiver/claim", claim, methods=["POST"]),
+        Route("/receiver/tasks/{task_id}/renew", renew, methods=["POST"]),
+        Route("/receiver/tasks/{task_id}/progress", progress, methods=["POST"]),
+        Route("/receiver/tasks/{task_id}/complete", complete, methods=["POST"]),
+        Route("/receiver/tasks/{task_id}/fail", fail, methods=["POST"]),
+        Route("/receiver/tasks/{task_id}/cancel-ack", cancel_ack, methods=["POST"]),
     ]

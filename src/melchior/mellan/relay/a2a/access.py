@@ -15,9 +15,10 @@ from starlette.requests import Request
 
 from melchior.mellan.relay.a2a.errors import TaskNotFound, Unauthenticated
 from melchior.mellan.relay.a2a.paths import Target
-from melchior.mellan.relay.auth import bearer, hash_token
+from melchior.mellan.relay.auth import identify, parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.store.base import CredentialKind, Principal, StoreError, Task
+from melchior.policy.visibility import may_see_task
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,14 @@ class Caller:
         return f"{self.principal.kind.value}:{self.principal.subject}"
 
     def can_see(self, task: Task | None) -> bool:
-        if task is None or not self.same_workspace:
+        """Only through the receiving agent's own URL, and only its caller or an owner
+        (:func:`melchior.policy.visibility.may_see_task`, the rule of every surface)."""
+        if task is None or task.workspace != self.target.workspace:
             return False
-        if task.workspace != self.target.workspace or task.receiver != self.target.agent:
-            return False
-        return self.is_owner or task.caller == self.principal.subject
+        viewer = viewer_of(self.principal)
+        return may_see_task(
+            viewer, parties_of(task), party="caller", through=self.target.agent
+        ).allowed
 
     def visible(self, task: Task | None, task_id: str) -> Task:
         if task is None or not self.can_see(task):
@@ -68,10 +72,9 @@ def _audit_unknown_credential(relay: Relay, target: Target, why: str) -> None:
 
 
 async def authenticate(relay: Relay, request: Request, target: Target) -> Caller:
-    token = bearer(request.headers.get("authorization"))
-    if token is None:
+    principal, why = await identify(request, relay)
+    if why == "missing":
         raise Unauthenticated("Send 'Authorization: Bearer <credential>' (an agent or owner token)")
-    principal = await relay.call(relay.store.principal_for, hash_token(token))
     if principal is None:
         why = "credential is unknown, expired or revoked"
         await relay.call(_audit_unknown_credential, relay, target, why)

@@ -15,7 +15,7 @@ import contextlib
 import uuid
 from typing import Any
 
-from melchior.mellan.relay.a2a import batch, hops, jsontext, views
+from melchior.mellan.relay.a2a import hops, jsontext, views
 from melchior.mellan.relay.a2a.access import Caller
 from melchior.mellan.relay.a2a.errors import (
     Forbidden,
@@ -213,7 +213,7 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
     its acceptance record in one transaction (group-committed with concurrent accepts)."""
     new = await relay.call(decide, relay.store, caller, req)
     try:
-        task, created = await batch.batcher(relay).enqueue(new)
+        task, created = await relay.batcher.enqueue(new)
     except StoreUnavailable as lost:
         if not lost.unclear:
             raise

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+from starlette.exceptions import HTTPException
+
 from melchior.mellan.relay.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -238,6 +240,8 @@ def translate(exc: Exception) -> A2AError:
     """An unexpected exception as the error a caller may see (details only in the log)."""
     if isinstance(exc, A2AError):
         return exc
+    if isinstance(exc, HTTPException):  # a router miss under /a2a (only by method)
+        return MethodNotFound(f"{exc.detail}: no A2A operation answers that method here")
     if isinstance(exc, StoreUnavailable):
         if exc.unclear:
             return Unavailable(

@@ -83,25 +83,23 @@ def request_id(body: Any) -> RequestId:
 
 
 async def handle(relay: Relay, request: Request, target: Target) -> Response:
-    rid: RequestId = None
-    try:
-        body = await http.read_json(request, relay)
-        rid = request_id(body)
-        rid, method, params = envelope(body)
-        http.check_version(request)
-        op = OPERATIONS.get(method)
-        if op is None:
-            raise MethodNotFound(
-                f"method {method!r} is not an A2A 1.0 method (they are PascalCase, e.g. "
-                "SendMessage)",
-                metadata={"method": method},
-            )
-        caller = await authenticate(relay, request, target)
-        result = await op(relay, caller, params, request)
-    except A2AError as err:
-        return error_response(err, rid)
-    except Exception as exc:
-        return error_response(translate(exc), rid)
+    """Answer one JSON-RPC request. Refusals are raised: the ``/a2a`` mount's handler
+    (:func:`melchior.mellan.relay.a2a.error`) renders them in this binding, with the
+    request's id, which is kept on ``request.state`` as soon as it is known."""
+    request.state.binding = "jsonrpc"
+    request.state.rpc_id = None
+    body = await http.read_json(request, relay)
+    request.state.rpc_id = request_id(body)
+    rid, method, params = envelope(body)
+    http.check_version(request)
+    op = OPERATIONS.get(method)
+    if op is None:
+        raise MethodNotFound(
+            f"method {method!r} is not an A2A 1.0 method (they are PascalCase, e.g. SendMessage)",
+            metadata={"method": method},
+        )
+    caller = await authenticate(relay, request, target)
+    result = await op(relay, caller, params, request)
     if method in STREAMING:
         assert not isinstance(result, dict)
         return _stream(result, rid)

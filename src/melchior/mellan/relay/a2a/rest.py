@@ -63,25 +63,22 @@ def route(method: str, rest: tuple[str, ...]) -> tuple[str, dict[str, Any], bool
 
 
 async def handle(relay: Relay, request: Request, target: Target) -> Response:
-    try:
-        op_name, params, needs_body = route(request.method, target.rest)
-        http.check_version(request)
-        body: Any = None
-        if needs_body or (request.method == "POST" and http.has_body(request)):
-            body = await http.read_json(request, relay, optional=not needs_body)
-        if needs_body:
-            params = body
-        elif isinstance(body, dict):
-            params = {**body, **params}
-        if request.method == "GET":
-            params = {**dict(request.query_params), **params}
-            params.pop(http.VERSION_HEADER, None)
-        caller = await authenticate(relay, request, target)
-        result = await OPERATIONS[op_name](relay, caller, params, request)
-    except A2AError as err:
-        return error_response(err)
-    except Exception as exc:
-        return error_response(translate(exc))
+    """Answer one HTTP+JSON request; refusals are raised and rendered by the mount's
+    handler as ``google.rpc.Status`` bodies."""
+    op_name, params, needs_body = route(request.method, target.rest)
+    http.check_version(request)
+    body: Any = None
+    if needs_body or (request.method == "POST" and http.has_body(request)):
+        body = await http.read_json(request, relay, optional=not needs_body)
+    if needs_body:
+        params = body
+    elif isinstance(body, dict):
+        params = {**body, **params}
+    if request.method == "GET":
+        params = {**dict(request.query_params), **params}
+        params.pop(http.VERSION_HEADER, None)
+    caller = await authenticate(relay, request, target)
+    result = await OPERATIONS[op_name](relay, caller, params, request)
     if op_name in STREAMING:
         assert not isinstance(result, dict)
         return _stream(result)
