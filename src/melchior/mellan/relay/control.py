@@ -565,6 +565,7 @@ async def revoke_credential(request: Request) -> Response:
     revoked = await relay.call(
         relay.store.revoke_credential, me.workspace, credential_id, record=audit
     )
+    relay.credentials.forget()  # refused at once here (other replicas: within their ttl)
     if not revoked:
         raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")
     return JSON({"outcome": "ok", "id": credential_id, "revoked": True})
