@@ -386,7 +386,8 @@ def run_engine(engine: str) -> dict[str, dict[str, float]]:
                 proc.wait()
             if len(lat) < STREAMS * EVENTS * 0.9:
                 raise SystemExit(f"{kind}: only {len(lat)} of {STREAMS * EVENTS} events measured")
-            results[kind] = {"rate": rate, "cpu": cpu, "client": client, "p50": pct(lat, 50), "p95": pct(lat, 95), "n": len(lat)}
+            results[kind] = {"rate": rate, "cpu": cpu, "client": client, "n": len(lat)}
+            results[kind] |= {"p50": pct(lat, 50), "p95": pct(lat, 95)}
     return results
 
 
