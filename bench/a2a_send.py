@@ -23,6 +23,7 @@ Each server runs in its own process (this script with ``--serve``), each on a fr
 database of the same engine: PostgreSQL (``$MELCHIOR_TEST_PG``) and SQLite, in turn
 (``BENCH_ENGINES=postgres,sqlite``). Run ``.venv/bin/python bench/a2a_send.py``; the
 reference needs ``a2a-sdk[http-server,sqlite]`` (SQLAlchemy; psycopg for PostgreSQL).
+With ``BENCH_PROFILE=DIR`` each server is sampled by py-spy while it accepts.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def serve_mellan(db: str, info: Path) -> None:
     from melchior.mellan.relay.auth import hash_token, new_token
     from melchior.mellan.relay.context import Relay
     from melchior.mellan.relay.notify import LocalNotifier
+    from melchior.mellan.relay.serve import MAX_HEADER_BYTES, HeaderLimitedH11
     from melchior.mellan.relay.store import open_store
     from melchior.mellan.relay.store.base import Capability, CredentialKind
 
@@ -96,8 +98,14 @@ def serve_mellan(db: str, info: Path) -> None:
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     relay = Relay(store=store, notifier=notifier, public_url=url)
     info.write_text(json.dumps({"url": url, "rpc": f"{url}/a2a/{WS}/{RECEIVER}", **tokens}))
-    server = uvicorn.Server(uvicorn.Config(create_app(relay), log_level="warning"))
-    server.run(sockets=[sock])
+    config = uvicorn.Config(  # as `mellan relay` serves (relay/serve.py)
+        create_app(relay),
+        log_level="warning",
+        http=HeaderLimitedH11,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        loop="asyncio",
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def serve_reference(db: str, info: Path, memory: bool = False) -> None:
@@ -176,8 +184,9 @@ def serve_reference(db: str, info: Path, memory: bool = False) -> None:
     handler = DefaultRequestHandler(agent_executor=Executor(), task_store=store, agent_card=card)
     app = Starlette(routes=create_jsonrpc_routes(handler, rpc_url="/"))
     info.write_text(json.dumps({"url": url, "rpc": url + "/", "caller": "", "receiver": ""}))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    server.run(sockets=[sock])
+    # the same HTTP parser and loop as mellan's (uvicorn would pick httptools if present)
+    config = uvicorn.Config(app, log_level="warning", http="h11", loop="asyncio")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 # -- driver ----------------------------------------------------------------------------------
@@ -364,6 +373,31 @@ def databases(engine: str, tmp: Path) -> Iterator[dict[str, str]]:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+PROFILE = os.environ.get("BENCH_PROFILE")
+
+
+@contextlib.contextmanager
+def profiled(pid: int, name: str) -> Iterator[None]:
+    """With ``BENCH_PROFILE=DIR``, sample the server with py-spy while it accepts (collapsed
+    stacks in DIR/NAME.txt, idle threads left out; ``pip install py-spy``)."""
+    if not PROFILE:
+        yield
+        return
+    out = Path(PROFILE) / f"{name}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+         "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1)  # attached before the load starts
+    try:
+        yield
+    finally:
+        spy.send_signal(2)
+        spy.wait(30)
+
+
 def run_engine(engine: str) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as d, databases(engine, Path(d)) as dbs:
@@ -373,7 +407,8 @@ def run_engine(engine: str) -> dict[str, dict[str, float]]:
             stop = threading.Event()
             producer = None
             try:
-                rate, cpu, client = asyncio.run(accepted_per_second(info, proc.pid))
+                with profiled(proc.pid, f"{engine}-{kind}"):
+                    rate, cpu, client = asyncio.run(accepted_per_second(info, proc.pid))
                 if kind == "mellan":
                     producer = threading.Thread(target=mellan_producer, args=(info, stop))
                     producer.start()
