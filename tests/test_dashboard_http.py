@@ -356,3 +356,26 @@ def test_pages_carry_security_headers(site: tuple[Server, World]) -> None:
     assert "<script>" not in page  # scripts come from static files only
     assert "onclick" not in page
     assert httpx.get(f"{server.url}/", follow_redirects=False).headers["location"] == "/ui/"
+
+
+def test_the_api_lists_and_revokes_codes_through_the_same_action(
+    site: tuple[Server, World],
+) -> None:
+    server, world = site
+    owner = {"authorization": f"Bearer {world.tokens['owner']}"}
+    agent = {"authorization": f"Bearer {world.tokens['caller']}"}
+    made = httpx.post(f"{server.url}/api/enrollments", json={"agent": RECEIVER}, headers=owner)
+    assert made.status_code == 201
+    listed = httpx.get(f"{server.url}/api/enrollments", headers=owner).json()["enrollments"]
+    assert [e["agent"] for e in listed] == [RECEIVER]
+    assert made.json()["code"] not in json.dumps(listed)  # the code itself is never listed
+    assert httpx.get(f"{server.url}/api/enrollments", headers=agent).status_code == 403
+    code_id = listed[0]["id"]
+    refused = httpx.post(f"{server.url}/api/enrollments/{code_id}/revoke", headers=agent)
+    assert refused.status_code == 403
+    done = httpx.post(f"{server.url}/api/enrollments/{code_id}/revoke", headers=owner)
+    assert done.status_code == 200
+    again = httpx.post(f"{server.url}/api/enrollments/{code_id}/revoke", headers=owner)
+    assert again.status_code == 404
+    join = httpx.post(f"{server.url}/api/join", json={"code": made.json()["code"]})
+    assert join.status_code == 401

@@ -190,6 +190,33 @@ async def enroll(request: Request) -> Response:
     return JSON(code._asdict(), 201)
 
 
+async def list_enrollments(request: Request) -> Response:
+    """Pending enrollment codes (never their text: only the hash is kept, as ``id``)."""
+    relay, me = await _who(request)
+    await owner_only(relay, me, "enrollment.read")
+    pending = await relay.call(relay.store.list_enrollments, me.workspace)
+    return JSON(
+        {
+            "enrollments": [
+                {
+                    "id": e.id,
+                    "agent": e.agent,
+                    "created_at": e.created_at,
+                    "expires_at": e.expires_at,
+                }
+                for e in pending
+            ]
+        }
+    )
+
+
+async def revoke_enrollment(request: Request) -> Response:
+    relay, me = await _who(request)
+    enrollment_id = request.path_params["enrollment_id"]
+    await actions.revoke_enrollment(relay, me, enrollment_id)
+    return JSON({"outcome": "ok", "id": enrollment_id, "revoked": True})
+
+
 async def join(request: Request) -> Response:
     """Exchange an enrollment code for an agent credential. No auth: the code is the credential.
 
@@ -371,6 +398,8 @@ def routes() -> list[BaseRoute]:
         Route("/agents", list_agents, methods=["GET"]),
         Route("/agents/{agent_id:path}", get_agent, methods=["GET"]),
         Route("/enrollments", enroll, methods=["POST"]),
+        Route("/enrollments", list_enrollments, methods=["GET"]),
+        Route("/enrollments/{enrollment_id}/revoke", revoke_enrollment, methods=["POST"]),
         Route("/join", join, methods=["POST"]),
         Route("/grants", add_grant, methods=["POST"]),
         Route("/grants", list_grants, methods=["GET"]),
