@@ -14,7 +14,8 @@ The receiver's behaviour is chosen by the first word of the task's first text pa
 * ``hold``     reports a status, then holds the lease (renewing) until the test calls
                :meth:`Receiver.release` or the task is cancelled (then cancel-acks);
 * ``ask``      completes with ``input_required`` and the question "which one?";
-* ``fail``     fails without retry, error "it broke".
+* ``fail``     fails without retry, error "it broke";
+* ``say …``    answers with a message and no task of its own (``asMessage``).
 """
 
 from __future__ import annotations
@@ -240,6 +241,9 @@ class Receiver:
             )
         elif word == "fail":
             rc.fail(tid, epoch, "it broke", retryable=False)
+        elif word == "say":  # a direct reply: a message and no task of its own
+            direct = {"message": {"role": "ROLE_AGENT", "parts": [{"text": rest}]}}
+            rc.complete(tid, epoch, {**direct, "asMessage": True})
         else:
             rc.complete(tid, epoch, {"message": {"parts": [{"text": f"ok: {text}"}]}})
 

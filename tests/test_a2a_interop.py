@@ -203,22 +203,33 @@ def test_send_return_immediately_then_get(relay: Any, binding: str) -> None:
     assert done.history[0].parts[0].text == "released"
 
 
-def test_follow_up_to_input_required_infers_context(relay: Any, binding: str) -> None:
+def test_answering_input_required_continues_the_same_task(relay: Any, binding: str) -> None:
+    """The caller's answer (with the task's id) is the task's next turn: the same task id,
+    the state goes INPUT_REQUIRED → … → COMPLETED, and the history shows both turns."""
     server, world, _ = relay
 
-    async def go() -> tuple[Any, Any]:
+    async def go() -> tuple[Any, Any, Any]:
         client = await client_for(server, world.tokens["caller"], binding)
         asked = (await one(client.send_message(SendMessageRequest(message=msg("ask"))))).task
         follow = msg("echo the second", task_id=asked.id)
         answered = (await one(client.send_message(SendMessageRequest(message=follow)))).task
+        got = await client.get_task(GetTaskRequest(id=asked.id, history_length=10))
         await client.close()
-        return asked, answered
+        return asked, answered, got
 
-    asked, answered = run(go())
+    asked, answered, got = run(go())
     assert state(asked) == "TASK_STATE_INPUT_REQUIRED"
     assert asked.status.message.parts[0].text == "which one?"
+    assert answered.id == asked.id
     assert answered.context_id == asked.context_id
     assert state(answered) == "TASK_STATE_COMPLETED"
+    texts = [(Role.Name(m.role), m.parts[0].text) for m in got.history]
+    assert texts == [
+        ("ROLE_USER", "ask"),
+        ("ROLE_AGENT", "which one?"),
+        ("ROLE_USER", "echo the second"),
+        ("ROLE_AGENT", "echo: the second"),
+    ]
 
 
 def test_message_to_terminal_task_is_refused(relay: Any, binding: str) -> None:

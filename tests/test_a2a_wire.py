@@ -7,6 +7,7 @@ order of checks, the JSON text of payloads, and the SSE framing.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -235,22 +236,51 @@ def test_stream_framing(relay: tuple[Server, World], binding: str) -> None:
     assert last["message"]["parts"] == [{"text": "2 steps done"}]
 
 
-def test_subscribe_accepts_get_and_post(relay: tuple[Server, World]) -> None:
+def _listen(
+    method: str, url: str, headers: dict[str, str], events: list[Any], first: threading.Event
+) -> None:
+    with httpx.stream(method, url, headers=headers, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                first.set()
+
+
+def test_subscribe_accepts_get_and_post_and_stays_open_through_input_required(
+    relay: tuple[Server, World],
+) -> None:
+    """A subscription to a task waiting for input stays open: it sees the caller's answer
+    start the next turn of the *same* task, and closes on the terminal state, which its
+    last event carries."""
     server, world = relay
-    r = post(
-        f"{server.base()}/message:send",
-        json.dumps({"message": message("ask")}).encode(),
-        auth(world),
-    )
-    task = r.json()["task"]
-    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     for method in ("GET", "POST"):
-        s = httpx.request(
-            method, f"{server.base()}/tasks/{task['id']}:subscribe", headers=auth(world)
+        r = post(
+            f"{server.base()}/message:send",
+            json.dumps({"message": message("ask")}).encode(),
+            auth(world),
         )
-        events = sse_events(s)
-        assert len(events) == 1
+        task = r.json()["task"]
+        assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        events: list[Any] = []
+        first = threading.Event()
+        url = f"{server.base()}/tasks/{task['id']}:subscribe"
+        listener = threading.Thread(target=_listen, args=(method, url, auth(world), events, first))
+        listener.start()
+        assert first.wait(30), "no snapshot"
+        answer = message("echo the blue one", taskId=task["id"])
+        r = post(
+            f"{server.base()}/message:send", json.dumps({"message": answer}).encode(), auth(world)
+        )
+        assert r.status_code == 200, r.text
+        done = r.json()["task"]
+        assert done["id"] == task["id"]  # the same task, its next turn
+        assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+        listener.join(timeout=60)
+        assert not listener.is_alive()
         assert events[0]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        states = [e["statusUpdate"]["status"]["state"] for e in events if "statusUpdate" in e]
+        assert "TASK_STATE_INPUT_REQUIRED" not in states[-1:]
 
 
 def test_history_length(relay: tuple[Server, World]) -> None:

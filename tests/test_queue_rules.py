@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from melchior.mellan.relay.store.base import Outcome, Store, TaskState
+from melchior.mellan.relay.store.base import FollowUp, Outcome, Store, TaskState
 from storekit import RECEIVER, WS, db_url_fixture, new_task, store_fixture, wait_db_clock_past  # noqa: F401
 
 
@@ -373,3 +373,71 @@ def test_claim_limit(store: Store, limit: int) -> None:
     assert len(store.claim(WS, RECEIVER, "a", limit=limit)) == limit
     assert store.claim(WS, RECEIVER, "a", limit=0) == []
     assert store.claim(WS, "someone/else", "a", limit=5) == []
+
+
+# -- a task is a sequence of turns --------------------------------------------------------------
+
+
+def _follow(task_id: str, mid: str, text: str = "the blue one") -> FollowUp:
+    return FollowUp(
+        workspace=WS,
+        task_id=task_id,
+        caller=new_task().caller,
+        message_id=mid,
+        payload=f'{{"text": "{text}"}}',
+        chain="c",
+        hop=2,
+        path=("a", "b"),
+    )
+
+
+def test_turns_an_answer_continues_the_same_task_each_turn_fenced(store: Store) -> None:
+    t, _ = store.enqueue(new_task(message_id="m1"))
+    [first] = store.claim(WS, RECEIVER, "a")
+    store.progress(t.id, first.epoch, "status", '{"n": 1}')
+    assert store.complete(t.id, first.epoch, '{"q": "which?"}', input_required=True).ok
+    went, moved = store.continue_task(_follow(t.id, "m2"))
+    assert moved
+    assert went is not None
+    assert (went.id, went.turn, went.state) == (t.id, 2, TaskState.QUEUED)
+    assert (went.attempt, went.result, went.hop) == (0, None, 2)
+    assert went.payload == '{"text": "the blue one"}'
+    [second] = store.claim(WS, RECEIVER, "a")
+    assert second.task.id == t.id
+    assert second.epoch > first.epoch  # the first turn's holder stays fenced out
+    # a late report of turn 1 (already recorded) is a duplicate; its renew is a lost lease
+    assert store.complete(t.id, first.epoch, '{"q": "which?"}', input_required=True).outcome is (
+        Outcome.DUPLICATE
+    )
+    assert store.renew(t.id, first.epoch).outcome is Outcome.LEASE_LOST
+    store.progress(t.id, second.epoch, "status", '{"n": 2}')
+    assert store.complete(t.id, second.epoch, '{"a": "done"}').ok
+    [past] = store.turns(t.id)
+    assert (past.turn, past.state, past.result, past.epoch) == (
+        1, TaskState.INPUT_REQUIRED, '{"q": "which?"}', first.epoch
+    )  # fmt: skip
+    assert [e.turn for e in store.events_after(t.id)] == [1, 2]
+    final = store.get_task(WS, t.id)
+    assert final is not None
+    assert (final.state, final.turn, final.result) == (TaskState.SUCCEEDED, 2, '{"a": "done"}')
+
+
+def test_turns_only_a_task_waiting_for_input_goes_on_and_each_message_once(store: Store) -> None:
+    t, _ = store.enqueue(new_task(message_id="m1"))
+    went, moved = store.continue_task(_follow(t.id, "m2"))
+    assert not moved  # still queued: it asked nothing
+    assert went is not None
+    assert went.turn == 1
+    assert store.continue_task(_follow("no-such-task", "m3")) == (None, False)
+    [lease] = store.claim(WS, RECEIVER, "a")
+    store.complete(t.id, lease.epoch, "{}", input_required=True)
+    went, moved = store.continue_task(_follow(t.id, "m1"))  # turn 1's messageId: taken
+    assert not moved
+    assert store.get_task(WS, t.id).state is TaskState.INPUT_REQUIRED  # type: ignore[union-attr]
+    assert store.continue_task(_follow(t.id, "m2"))[1]
+    sent = store.sent_message(WS, new_task().caller, "m2")
+    assert sent is not None
+    assert (sent.task_id, sent.turn, sent.payload) == (t.id, 2, '{"text": "the blue one"}')
+    first = store.sent_message(WS, new_task().caller, "m1")
+    assert first is not None
+    assert (first.turn, first.payload) == (1, new_task().payload)  # kept with its turn

@@ -20,6 +20,44 @@ def _make(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
     return PostgresStore(request.getfixturevalue("pg_url"))
 
 
+V1_TASK = (
+    "INSERT INTO task (id, workspace, caller, receiver, capability, context_id, state, payload,"
+    " metadata, message_id, session_key, chain, hop, path, attempt, max_attempts, lease_epoch,"
+    " lease_owner, lease_expires_at, run_after, created_at, updated_at) VALUES"
+    " (%s, 'w', 'local/caller', 'private/ops', 'incident.inspect', 'ctx', %s, '{{}}', '{{}}', %s,"
+    " %s, 'c', 1, '[]', %s, 3, %s, %s, CASE WHEN %s::text IS NOT NULL THEN {expires} END,"
+    " {now}, {now}, {now})"
+)
+
+
+def _write_v1_tasks(kind: str, s: Store, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Tasks as the v1 schema held them, written with v1's own columns (today's code
+    speaks a newer schema): one queued with a messageId, one leased of session "sess",
+    and its successor in that session, queued."""
+    rows = [
+        ("t-queued", "queued", "m", None, 0, 0, None),
+        ("t-leased", "leased", None, "sess", 1, 1, "r"),
+        ("t-next", "queued", None, "sess", 0, 0, None),
+    ]
+    if kind == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+        now = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+        sql = V1_TASK.replace("%s::text", "?").replace("%s", "?")
+        sql = sql.format(expires=f"{now} + 600000", now=now)
+        for tid, state, mid, key, attempt, epoch, owner in rows:
+            conn.execute(sql, (tid, state, mid, key, attempt, epoch, owner, owner))
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+        sql = V1_TASK.format(expires="now() + interval '10 minutes'", now="now()")
+        for tid, state, mid, key, attempt, epoch, owner in rows:
+            conn.execute(sql, (tid, state, mid, key, attempt, epoch, owner, owner))
+
+
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     latest = migrations.LATEST_SQLITE if kind == "sqlite" else migrations.LATEST_POSTGRES
@@ -31,11 +69,7 @@ def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureReque
         # data written under v1, including a task mid-lease
         seed(s)
         g = s.add_grant(WS, CALLER, RECEIVER, ["incident.inspect"])
-        queued, _ = s.enqueue(new_task(message_id="m"))
-        leased, _ = s.enqueue(new_task(session_key="sess"))
-        s.enqueue(new_task(session_key="sess"))
-        leases = s.claim(WS, RECEIVER, "r", limit=2)
-        assert {x.task.id for x in leases} == {queued.id, leased.id}
+        _write_v1_tasks(kind, s, tmp_path, request)
     finally:
         s.close()
     s = _make(kind, tmp_path, request)
@@ -44,15 +78,14 @@ def test_upgrade_from_v1(kind: str, tmp_path: Path, request: pytest.FixtureReque
         assert s.migrate() == latest
         assert s.granted_capabilities(WS, CALLER, RECEIVER) == {"incident.inspect"}
         assert [x.id for x in s.list_grants(WS)] == [g.id]
-        lease = next(x for x in leases if x.task.id == leased.id)
-        assert s.complete(leased.id, lease.epoch, "{}").outcome is Outcome.OK
-        again, created = s.enqueue(new_task(message_id="m"))
+        assert s.complete("t-leased", 1, "{}").outcome is Outcome.OK
+        again, created = s.enqueue(new_task(message_id="m"))  # the ledger knows v1's ids
         assert not created
-        assert again.id == queued.id
-        nxt = s.claim(WS, RECEIVER, "r")
-        assert len(nxt) == 1
-        assert nxt[0].task.session_key == "sess"
-        cur = s.get_task(WS, leased.id)
+        assert again.id == "t-queued"
+        nxt = s.claim(WS, RECEIVER, "r", limit=5)
+        assert {x.task.id for x in nxt} == {"t-queued", "t-next"}
+        assert {x.task.session_key for x in nxt} == {None, "sess"}
+        cur = s.get_task(WS, "t-leased")
         assert cur is not None
         assert cur.state is TaskState.SUCCEEDED
     finally:

@@ -1,9 +1,11 @@
 """Exact JSON for a relay that must carry payloads faithfully.
 
-Bodies are parsed with exact decimals (``parse_float=Decimal``; Python ints are already
-exact) and re-encoded without going through binary floats, and stored JSON text is
-spliced into output verbatim (:class:`Raw`). So ``12345678901234567890`` and
-``0.10000000000000000001`` come out exactly as they went in. No web framework imports
+Every number is read as a :class:`Number`: an exact decimal that remembers how it was
+written, and is written back the same way (``6.02e23`` stays ``6.02e23``, ``1e400`` stays
+``1e400``, ``-0`` stays ``-0``, where a float would round or respell them); integers are
+Python's exact ints. Stored JSON text is spliced into output verbatim (:class:`Raw`). So
+a payload comes out exactly as it went in, but for insignificant whitespace and the
+escaping of strings (the same characters, written as UTF-8). No web framework imports
 here: the CLI and the receiver client use it too and should start fast.
 """
 
@@ -11,13 +13,23 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from melchior.numbers import whole  # re-exported: the relay's field readers use it
 
-__all__ = ["MAX_DEPTH", "JSONTextError", "Raw", "check_request", "decode", "encode", "whole"]
+__all__ = [
+    "MAX_DEPTH",
+    "JSONTextError",
+    "Number",
+    "Raw",
+    "check_request",
+    "decode",
+    "encode",
+    "whole",
+]
 
 MAX_DEPTH = 100
 """Deepest nesting of arrays and objects a request body may have (docs/mellan.md, "Limits").
@@ -32,6 +44,34 @@ class JSONTextError(ValueError):
         super().__init__(f"{path}: {reason}" if path else reason)
         self.reason = reason
         self.path = path
+
+
+class Number(Decimal):
+    """A JSON number as written: compares and computes as the exact decimal it is, and is
+    encoded as its original text (Decimal alone would respell ``6.02e23`` as ``6.02E+23``)."""
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> Number:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+    def __repr__(self) -> str:
+        return f"Number({self.text!r})"
+
+
+_INT_DIGITS = 4000
+"""Integers longer than this are kept as :class:`Number` (Python refuses to convert
+integer texts past 4300 digits, and converting is quadratic anyway)."""
+_ODD_INT = re.compile(rf"-0(?![0-9.eE])|[0-9]{{{_INT_DIGITS + 1}}}")
+
+
+def _int(text: str) -> int | Number:
+    if text == "-0" or len(text) > _INT_DIGITS:
+        return Number(text)
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -69,6 +109,8 @@ def _encode(value: Any, out: list[str]) -> None:
                 out.append(",")
             _encode(item, out)
         out.append("]")
+    elif isinstance(value, Number):
+        out.append(value.text)
     elif isinstance(value, Decimal):
         if not value.is_finite():
             raise ValueError("JSON has no NaN or Infinity")
@@ -95,11 +137,21 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def decode(text: str | bytes) -> Any:
-    """Parse JSON exactly: floats become :class:`Decimal`; NaN/Infinity and duplicate object
-    keys (the last would silently win, so the receiver would see less than was sent) are
-    refused with :class:`JSONTextError`."""
+    """Parse JSON exactly: fractions and exponents become :class:`Number` (spelling kept),
+    integers exact ints (but ``-0`` and integers of thousands of digits stay
+    :class:`Number` too); NaN/Infinity and duplicate object keys (the last would silently
+    win, so the receiver would see less than was sent) are refused with
+    :class:`JSONTextError`."""
+    if isinstance(text, bytes | bytearray):
+        text = text.decode("utf-8")
+    # The odd integers are rare: only then pay for a Python call per integer.
+    parse_int = _int if _ODD_INT.search(text) else None
     return json.loads(
-        text, parse_float=Decimal, parse_constant=_no_constants, object_pairs_hook=_unique_keys
+        text,
+        parse_float=Number,
+        parse_int=parse_int,
+        parse_constant=_no_constants,
+        object_pairs_hook=_unique_keys,
     )
 
 

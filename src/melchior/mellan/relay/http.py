@@ -304,6 +304,7 @@ def task_view(task: Task, *, payload: bool = True) -> dict[str, Any]:
         "lease_epoch": task.lease_epoch,
         "lease_owner": task.lease_owner,
         "lease_expires_at": task.lease_expires_at,
+        "turn": task.turn,
         "metadata": raw_or_null(task.metadata),
         "result": raw_or_null(task.result),
         "error": task.error,

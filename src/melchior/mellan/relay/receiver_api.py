@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from melchior.mellan.rawjson import encode
+from melchior.mellan.rawjson import Raw, encode
 from melchior.mellan.relay.auth import parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
@@ -54,12 +54,13 @@ from melchior.mellan.relay.http import (
     field_int,
     field_number,
     field_str,
+    raw_or_null,
     read_object,
     require_agent,
     task_view,
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
-from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, Verdict
+from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, TaskTurn, Verdict
 from melchior.policy.visibility import may_see_task
 
 MAX_CLAIM = 100
@@ -83,8 +84,27 @@ async def _agent(request: Request) -> tuple[Relay, Principal]:
     return relay, principal
 
 
-def lease_view(lease: Lease) -> dict[str, Any]:
-    return {"task": task_view(lease.task), "epoch": lease.epoch, "expires_at": lease.expires_at}
+def lease_view(lease: Lease, turns: list[TaskTurn] | None = None) -> dict[str, Any]:
+    """A lease as the receiver gets it. For a task on its second turn or later, the earlier
+    turns come along (``history``: each turn's caller message and what was recorded), so a
+    fresh run can see the conversation it continues without a second request."""
+    view: dict[str, Any] = {
+        "task": task_view(lease.task),
+        "epoch": lease.epoch,
+        "expires_at": lease.expires_at,
+    }
+    if turns:
+        view["history"] = [
+            {
+                "turn": t.turn,
+                "message": Raw(t.payload),
+                "state": t.state.value,
+                "result": raw_or_null(t.result),
+                "error": t.error,
+            }
+            for t in turns
+        ]
+    return view
 
 
 async def claim(request: Request) -> Response:
@@ -119,7 +139,11 @@ async def claim(request: Request) -> Response:
         if await request.is_disconnected():
             return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
         await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
-    return JSON({"leases": [lease_view(lease) for lease in leases]})
+    views = []
+    for lease in leases:
+        turns = await relay.call(relay.store.turns, lease.task.id) if lease.task.turn > 1 else None
+        views.append(lease_view(lease, turns))
+    return JSON({"leases": views})
 
 
 async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:

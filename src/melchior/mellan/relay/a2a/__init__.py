@@ -29,7 +29,9 @@ async def entry(request: Request) -> Response:
     if target.rest == (".well-known", "agent-card.json") and request.method == "GET":
         card = cards.public_card(relay.public_url, target.workspace, target.agent)
         body, _ = cards.encode(card)
-        return rest.card_response(request, body, f"public, max-age={cards.PUBLIC_MAX_AGE}")
+        return rest.card_response(
+            request, body, f"public, max-age={cards.PUBLIC_MAX_AGE}", cards.STARTED
+        )
     if not target.rest:
         if request.method != "POST":
             raise errors.MethodNotFound(

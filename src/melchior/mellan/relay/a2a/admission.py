@@ -28,6 +28,7 @@ from melchior.mellan.relay.a2a.errors import (
 from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.store.base import (
+    FollowUp,
     NewTask,
     Record,
     Store,
@@ -83,8 +84,10 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
     raise Forbidden(reason)
 
 
-def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
-    """Authorize one send (a worker-thread call: every read, and the audit of a refusal)."""
+def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp | Task:
+    """Authorize one send (a worker-thread call: every read, and the audit of a refusal):
+    a new task, the next turn of a task waiting for input, or — a resend of a message
+    already taken, found while refusing it — the task it went to."""
     p, target = caller.principal, caller.target
     detail: dict[str, Any] = {"messageId": req.message.get("messageId")}
     capability = _capability_from(req)
@@ -110,6 +113,10 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
         previous = store.get_task(target.workspace, req.task_id)
         if previous is None or not caller.can_see(previous):
             raise TaskNotFound(metadata={"taskId": req.task_id})
+        if previous.state is not TaskState.INPUT_REQUIRED:
+            resent = resend_of(store, caller, req)  # an answer already taken, sent again?
+            if resent is not None:
+                return resent
         if previous.state.terminal:
             raise UnsupportedOperation(
                 f"task {previous.id} is {views.A2A_STATE[previous.state]}; it takes no more "
@@ -155,20 +162,29 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask:
     except HopLimit as exc:
         _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
+    payload = jsontext.dumps(req.message)
+    detail = {**detail, "capability": capability, "hop": chain.hop}
+    if previous is not None:  # the caller answers a task that asked for input
+        detail["turn"] = previous.turn + 1
+        return FollowUp(
+            workspace=target.workspace,
+            task_id=previous.id,
+            caller=p.subject,
+            message_id=req.message["messageId"],
+            payload=payload,
+            chain=chain.chain,
+            hop=chain.hop,
+            path=chain.path,
+            record=Record(caller.actor, "task.continue", decision.rule, decision.reason, detail),
+        )
     context_id = context_id or uuid.uuid4().hex
-    accepted = Record(
-        caller.actor,
-        "task.accept",
-        decision.rule,
-        decision.reason,
-        {**detail, "capability": capability, "hop": chain.hop},
-    )
+    accepted = Record(caller.actor, "task.accept", decision.rule, decision.reason, detail)
     return NewTask(
         workspace=target.workspace,
         caller=p.subject,
         receiver=target.agent,
         capability=capability,
-        payload=jsontext.dumps(req.message),
+        payload=payload,
         metadata=jsontext.dumps(req.metadata),
         context_id=context_id,
         message_id=req.message["messageId"],
@@ -197,25 +213,68 @@ def settle(store: Store, lost: StoreUnavailable, new: NewTask) -> Task:
     return found
 
 
-def check_reuse(caller: Caller, new: NewTask, task: Task, created: bool) -> Task:
-    """A messageId already used by this caller for a task it cannot see here (another
-    agent's URL) is refused; a resend of the same request returns its task."""
-    if not created and (task.receiver != caller.target.agent or not caller.can_see(task)):
+def resend_of(store: Store, caller: Caller, req: SendRequest) -> Task | None:
+    """The task a message went to when this very message (same caller, same messageId,
+    same content) was taken before: a retry returns what the first send got and never
+    queues work twice. A messageId reused for something else — other content, another
+    taskId or contextId, another agent's URL — is refused naming the difference; nothing
+    is stored. None: this messageId is new."""
+    mid = req.message["messageId"]
+    sent = store.sent_message(caller.target.workspace, caller.principal.subject, mid)
+    if sent is None:
+        return None
+    task = store.get_task(caller.target.workspace, sent.task_id)
+    if task is None or not caller.can_see(task):
         raise InvalidParams(
-            f"messageId {new.message_id!r} was already used for another task",
-            violations=[("message.messageId", "already used")],
+            f"messageId {mid!r} was already used for another task",
+            violations=[("message.messageId", "already used for another task")],
+        )
+    if sent.payload != jsontext.dumps(req.message):
+        before = jsontext.loads(sent.payload)
+        differs = next(
+            (k for k in ("taskId", "contextId") if before.get(k) != req.message.get(k)), None
+        )
+        what = f"another {differs}" if differs else "other content"
+        raise InvalidParams(
+            f"messageId {mid!r} was already used, with {what}, for task {task.id}; a retry "
+            "must resend the very same message, and a new message needs a new messageId",
+            violations=[("message.messageId", f"already used with {what}")],
         )
     return task
 
 
 async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
     """The whole door: decide (refusals audited, nothing stored), then store the task and
-    its acceptance record in one transaction (group-committed with concurrent accepts)."""
-    new = await relay.call(decide, relay.store, caller, req)
+    its acceptance record in one transaction (group-committed with concurrent accepts) —
+    or start the next turn of a task that asked for input. A messageId already taken is a
+    resend (the same task back) or a reuse (refused by name)."""
+    decided = await relay.call(decide, relay.store, caller, req)
+    if isinstance(decided, Task):
+        return decided
+    if isinstance(decided, FollowUp):
+        went, moved = await relay.call(relay.store.continue_task, decided)
+        if moved and went is not None:
+            return went
+        return await _not_new(relay, caller, req, went)
     try:
-        task, created = await relay.batcher.enqueue(new)
+        task, created = await relay.batcher.enqueue(decided)
     except StoreUnavailable as lost:
         if not lost.unclear:
             raise
-        task, created = await relay.call(settle, relay.store, lost, new), False
-    return check_reuse(caller, new, task, created)
+        task, created = await relay.call(settle, relay.store, lost, decided), False
+    if created:
+        return task
+    return await _not_new(relay, caller, req, task)
+
+
+async def _not_new(relay: Relay, caller: Caller, req: SendRequest, task: Task | None) -> Task:
+    """The store took nothing: the messageId was taken before (a resend or a reuse), or
+    the task stopped waiting for input meanwhile."""
+    resent = await relay.call(resend_of, relay.store, caller, req)
+    if resent is not None:
+        return resent
+    state = views.A2A_STATE[task.state] if task is not None else "gone"
+    raise UnsupportedOperation(
+        f"task {req.task_id} no longer waits for input (it is {state})",
+        metadata={"taskId": str(req.task_id)},
+    )

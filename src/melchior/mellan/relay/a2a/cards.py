@@ -11,7 +11,8 @@ a workspace owner sees every declared capability. Both carry ``ETag`` and
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 from melchior import __version__
 from melchior.mellan.relay.a2a import hops, jsontext, paths
@@ -72,19 +73,46 @@ def skill(cap: Capability) -> dict[str, Any]:
     }
 
 
-def visible_capabilities(store: Store, caller: Caller) -> tuple[Agent | None, list[Capability]]:
+STARTED = datetime.now(UTC).replace(microsecond=0)
+"""When this replica started: the public card depends on nothing newer (its version,
+its URLs), so this is its ``Last-Modified``."""
+
+
+class Visible(NamedTuple):
+    agent: Agent | None
+    capabilities: list[Capability]
+    last_modified: datetime
+    """When what this caller's extended card shows last changed: the agent's creation,
+    or the latest grant made or revoked on this route (not before the replica started,
+    whose version the card names)."""
+
+
+def visible_capabilities(store: Store, caller: Caller) -> Visible:
     """What this caller may see on the target agent (runs in a worker thread)."""
     if not caller.same_workspace:
-        return None, []
+        return Visible(None, [], STARTED)
     agent = store.get_agent(caller.target.workspace, caller.target.agent)
     if agent is None:
-        return None, []
+        return Visible(None, [], STARTED)
+    changed = [STARTED, _dt(agent.created_at)]
     if caller.is_owner:
-        return agent, list(agent.capabilities)
+        return Visible(agent, list(agent.capabilities), max(changed))
     if caller.principal.subject == agent.id:
-        return agent, []
-    granted = store.granted_capabilities(agent.workspace, caller.principal.subject, agent.id)
-    return agent, [c for c in agent.capabilities if c.id in granted]
+        return Visible(agent, [], max(changed))
+    grants = store.list_grants(
+        agent.workspace, caller=caller.principal.subject, receiver=agent.id, include_revoked=True
+    )
+    granted: set[str] = set()
+    for g in grants:
+        changed += [_dt(g.created_at), *([_dt(g.revoked_at)] if g.revoked_at else [])]
+        if g.revoked_at is None:
+            granted.update(g.capabilities)
+    return Visible(agent, [c for c in agent.capabilities if c.id in granted], max(changed))
+
+
+def _dt(iso: str) -> datetime:
+    """A stored timestamp, to the second (HTTP dates have no fractions)."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).replace(microsecond=0)
 
 
 def extended_card(

@@ -16,7 +16,7 @@ from melchior.mellan.relay.a2a.errors import InvalidParams
 from melchior.mellan.relay.a2a.requests import ListRequest
 from melchior.mellan.relay.a2a.timefmt import parse_ts
 from melchior.mellan.relay.context import Relay
-from melchior.mellan.relay.store.base import Store, Task, TaskEvent, TaskState
+from melchior.mellan.relay.store.base import Store, Task, TaskEvent, TaskState, TaskTurn
 
 
 def _page(store: Store, caller: Caller, req: ListRequest) -> tuple[list[Task], str, int]:
@@ -80,11 +80,18 @@ async def list_tasks(relay: Relay, caller: Caller, req: ListRequest) -> dict[str
     tasks = []
     for task in page:
         events: list[TaskEvent] = []
+        turns: list[TaskTurn] = []
         if hist or req.include_artifacts:
             events = await relay.call(relay.store.events_after, task.id, 0)
+            if task.turn > 1:
+                turns = await relay.call(relay.store.turns, task.id)
         tasks.append(
             views.task_view(
-                task, events, history_length=hist, include_artifacts=req.include_artifacts
+                task,
+                events,
+                history_length=hist,
+                include_artifacts=req.include_artifacts,
+                turns=turns,
             )
         )
     return {"tasks": tasks, "nextPageToken": token, "pageSize": req.page_size, "totalSize": total}

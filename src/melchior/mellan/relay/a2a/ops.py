@@ -33,8 +33,7 @@ PUSH_CONFIG = frozenset(
 
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
     req = requests.parse_send(params)
-    task = await tasks.send_blocking(relay, caller, req, request.is_disconnected)
-    return {"task": task}
+    return await tasks.send_blocking(relay, caller, req, request.is_disconnected)
 
 
 async def send_streaming_message(
@@ -61,8 +60,9 @@ async def subscribe_to_task(relay: Relay, caller: Caller, params: Any, request: 
 
 
 async def extended_card(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
-    agent, caps = await relay.call(cards.visible_capabilities, relay.store, caller)
-    return cards.extended_card(relay.public_url, caller, agent, caps)
+    seen = await relay.call(cards.visible_capabilities, relay.store, caller)
+    request.state.last_modified = seen.last_modified  # for Last-Modified on HTTP+JSON
+    return cards.extended_card(relay.public_url, caller, seen.agent, seen.capabilities)
 
 
 async def push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:

@@ -40,6 +40,34 @@ MAX_LIST = 64
 """Most entries in ``extensions``, ``referenceTaskIds`` and ``acceptedOutputModes``."""
 
 
+# -- ProtoJSON names: every field in lowerCamelCase or in the proto's snake_case ------------------
+
+_SNAKE = (
+    "message_id", "context_id", "task_id", "reference_task_ids", "media_type",
+    "accepted_output_modes", "history_length", "return_immediately",
+    "task_push_notification_config", "page_size", "page_token",
+    "status_timestamp_after", "include_artifacts", "push_notification_config",
+)  # fmt: skip
+CAMEL = {s: s.split("_")[0] + "".join(w.title() for w in s.split("_")[1:]) for s in _SNAKE}
+"""The proto's snake_case field names and their ProtoJSON lowerCamelCase ``json_name``."""
+
+
+def camel(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    """``obj`` with its proto fields named as ProtoJSON writes them. A parser must accept
+    both spellings (ProtoJSON); giving both for one field is refused, naming it. Only the
+    keys of A2A's own structures are renamed, never those inside ``data`` or ``metadata``."""
+    if not any(k in CAMEL for k in obj):
+        return obj
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        target = CAMEL.get(key, key)
+        if target in out:
+            where = f"{name}.{target}" if name != "params" else target
+            raise _bad(where, f"given twice, as {target!r} and as {key!r}")
+        out[target] = value
+    return out
+
+
 def _bad(field_name: str, why: str) -> InvalidParams:
     return InvalidParams(f"{field_name}: {why}", violations=[(field_name, why)])
 
@@ -119,8 +147,9 @@ def opt_bool(value: Any, name: str) -> bool | None:
     raise _bad(name, f"must be true or false, got {value!r}")
 
 
-def check_part(part: Any, name: str) -> None:
-    p = _obj(part, name)
+def check_part(part: Any, name: str) -> dict[str, Any]:
+    """Validate one Part; return it with its fields named in lowerCamelCase."""
+    p = camel(_obj(part, name), name)
     # ``data`` is a google.protobuf.Value, so ``"data": null`` is a null value, not absence
     present = [k for k in PART_KINDS if k in p and (k == "data" or p[k] is not None)]
     if len(present) != 1:
@@ -135,11 +164,13 @@ def check_part(part: Any, name: str) -> None:
     _opt_obj(p, "metadata", f"{name}.metadata")
     _opt_str(p, "filename", f"{name}.filename")
     _opt_str(p, "mediaType", f"{name}.mediaType")
+    return p
 
 
 def check_message(message: Any, name: str = "message") -> dict[str, Any]:
-    """Validate a caller's Message; return it unchanged."""
-    m = _obj(message, name)
+    """Validate a caller's Message; return it with its own fields (and its parts') named in
+    lowerCamelCase, as it is then stored and shown (values untouched)."""
+    m = camel(_obj(message, name), name)
     mid = m.get("messageId")
     if not isinstance(mid, str) or not mid:
         raise _bad(f"{name}.messageId", "is required and must be a non-empty string")
@@ -156,6 +187,11 @@ def check_message(message: Any, name: str = "message") -> dict[str, Any]:
         raise _bad(f"{name}.parts", "must be a non-empty list of parts")
     if len(parts) > MAX_PARTS:
         raise _bad(f"{name}.parts", f"must hold at most {MAX_PARTS} parts, got {len(parts)}")
+    parts = [
+        camel(_obj(part, f"{name}.parts[{i}]"), f"{name}.parts[{i}]")
+        for i, part in enumerate(parts)
+    ]
+    m["parts"] = parts
     for i, part in enumerate(parts):
         check_part(part, f"{name}.parts[{i}]")
     for key in ("taskId", "contextId"):
@@ -187,9 +223,9 @@ class SendRequest:
 
 
 def parse_send(params: Any) -> SendRequest:
-    p = _obj(params, "params")
+    p = camel(_obj(params, "params"), "params")
     message = check_message(p.get("message"))
-    config = _opt_obj(p, "configuration", "configuration") or {}
+    config = camel(_opt_obj(p, "configuration", "configuration") or {}, "configuration")
     if config.get("taskPushNotificationConfig"):
         raise PushNotificationNotSupported()
     ret = opt_bool(config.get("returnImmediately"), "configuration.returnImmediately")
@@ -206,7 +242,7 @@ class TaskRef:
 
 
 def parse_task_ref(params: Any, *, history: bool = False) -> TaskRef:
-    p = _obj(params, "params")
+    p = camel(_obj(params, "params"), "params")
     tid = p.get("id")
     if not isinstance(tid, str) or not tid:
         raise _bad("id", "is required and must be a non-empty string")
@@ -228,7 +264,7 @@ class ListRequest:
 
 
 def parse_list(params: Any) -> ListRequest:
-    p = _obj(params, "params")
+    p = camel(_obj(params, "params"), "params")
     ctx = _bounded_id(p, "contextId", "contextId") or None
     status = _opt_str(p, "status", "status") or None
     if status == "TASK_STATE_UNSPECIFIED":

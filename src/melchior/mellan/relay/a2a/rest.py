@@ -10,6 +10,8 @@ push-notification config paths, which answer PushNotificationNotSupported. Error
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
+from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -86,16 +88,46 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
     content = jsontext.dumpb(result)
     media = http.response_type(request)
     if op_name == "GetExtendedAgentCard":
-        return card_response(request, content, f"private, max-age={cards.EXTENDED_MAX_AGE}")
+        return card_response(
+            request,
+            content,
+            f"private, max-age={cards.EXTENDED_MAX_AGE}",
+            getattr(request.state, "last_modified", cards.STARTED),
+        )
     return Response(content, media_type=media)
 
 
-def card_response(request: Request, content: bytes, cache_control: str) -> Response:
+def card_response(
+    request: Request, content: bytes, cache_control: str, last_modified: datetime
+) -> Response:
+    """A card with ``ETag`` and ``Last-Modified``, or 304 when the client's copy is current:
+    ``If-None-Match`` decides when it is sent (RFC 9110), else ``If-Modified-Since``."""
     tag = cards.etag(content)
-    headers = {"ETag": tag, "Cache-Control": cache_control}
-    if tag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+    headers = {
+        "ETag": tag,
+        "Cache-Control": cache_control,
+        "Last-Modified": format_datetime(last_modified, usegmt=True),
+    }
+    if_none_match = request.headers.get("if-none-match")
+    if if_none_match is not None:
+        tags = [t.strip() for t in if_none_match.split(",")]
+        if tag in tags or "*" in tags:
+            return Response(status_code=304, headers=headers)
+    elif _not_modified_since(request.headers.get("if-modified-since"), last_modified):
         return Response(status_code=304, headers=headers)
     return Response(content, headers=headers, media_type="application/json")
+
+
+def _not_modified_since(header: str | None, last_modified: datetime) -> bool:
+    if not header or len(header) > 64:
+        return False
+    try:
+        since = parsedate_to_datetime(header)
+    except (TypeError, ValueError, IndexError):
+        return False  # an unreadable date is ignored, as HTTP says
+    if since.tzinfo is None:
+        return False
+    return last_modified <= since
 
 
 def _stream(events: AsyncIterator[dict[str, Any]]) -> Response:

@@ -22,9 +22,19 @@ KEEPALIVE_SECONDS = 15.0
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
+_LINE_SEPARATORS = (("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+
+
 def frame(obj: Any, event: str | None = None) -> bytes:
+    """One SSE event. U+2028 and U+2029 are written escaped: they can only occur inside
+    JSON strings, where an escape means the same character, and clients that split lines
+    on them (JavaScript's, some Python ones) would otherwise cut the ``data:`` line and
+    fail to parse it."""
+    data = jsontext.dumpb(obj)
+    for raw, escaped in _LINE_SEPARATORS:
+        data = data.replace(raw, escaped)
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + jsontext.dumpb(obj) + b"\n\n"
+    return head + b"data: " + data + b"\n\n"
 
 
 async def _frames(

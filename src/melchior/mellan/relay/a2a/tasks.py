@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from melchior.mellan.relay.a2a import admission, views
 from melchior.mellan.relay.a2a.access import Caller
@@ -30,6 +30,7 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskEvent,
     TaskState,
+    TaskTurn,
 )
 
 MAX_BLOCK_SECONDS = 600.0
@@ -38,20 +39,41 @@ that stays offline cannot hold a connection forever; the caller then polls or
 subscribes. Documented in docs/a2a.md."""
 
 
-def _read(
-    store: Store, workspace: str, task_id: str, after: int
-) -> tuple[Task | None, list[TaskEvent]]:
-    """The task row first, then its events: every event written before the row's state
-    is then included, so a terminal row never hides an event that preceded it."""
+class Seen(NamedTuple):
+    task: Task
+    events: list[TaskEvent]
+    turns: list[TaskTurn]
+
+
+def _read(store: Store, workspace: str, task_id: str, after: int) -> Seen | None:
+    """The task row first, then its events (and finished turns, for a task that went on):
+    every event written before the row's state is then included, so a terminal row never
+    hides an event that preceded it."""
     task = store.get_task(workspace, task_id)
     if task is None:
-        return None, []
-    return task, store.events_after(task_id, after)
+        return None
+    turns = store.turns(task_id) if task.turn > 1 else []
+    return Seen(task, store.events_after(task_id, after), turns)
 
 
-async def get_visible(relay: Relay, caller: Caller, task_id: str) -> tuple[Task, list[TaskEvent]]:
-    task, events = await relay.call(_read, relay.store, caller.target.workspace, task_id, 0)
-    return caller.visible(task, task_id), events
+def _view(seen: Seen, history_length: int | None = None) -> dict[str, Any]:
+    return views.task_view(seen.task, seen.events, history_length=history_length, turns=seen.turns)
+
+
+async def get_visible(relay: Relay, caller: Caller, task_id: str) -> Seen:
+    seen = await relay.call(_read, relay.store, caller.target.workspace, task_id, 0)
+    caller.visible(seen.task if seen else None, task_id)
+    assert seen is not None
+    return seen
+
+
+def answer(seen: Seen, history_length: int | None) -> dict[str, Any]:
+    """The ``SendMessageResponse``: the task, or — when the agent answered with a message
+    and no task of its own (a direct reply) — that message."""
+    direct = views.direct_reply(seen.task)
+    if direct is not None:
+        return {"message": direct}
+    return {"task": _view(seen, history_length)}
 
 
 async def send_blocking(
@@ -62,54 +84,69 @@ async def send_blocking(
 ) -> dict[str, Any]:
     task = await admission.accept(relay, caller, req)
     if req.return_immediately:
-        return views.task_view(task, history_length=req.history_length)
+        seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+        return answer(seen or Seen(task, [], []), req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
     waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
     try:
         while True:
             await waker.arm()
-            current, events = await relay.call(_read, relay.store, task.workspace, task.id, 0)
-            if current is None:  # vanished (retention); report what was accepted
-                return views.task_view(task, history_length=req.history_length)
-            if views.ends_stream(current.state) or time.monotonic() >= deadline:
-                return views.task_view(current, events, history_length=req.history_length)
+            seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+            if seen is None:  # vanished (retention); report what was accepted
+                return {"task": views.task_view(task, history_length=req.history_length)}
+            if views.ends_stream(seen.task.state) or time.monotonic() >= deadline:
+                return answer(seen, req.history_length)
             if disconnected is not None and await disconnected():
-                return views.task_view(current, events, history_length=req.history_length)
+                return answer(seen, req.history_length)
             await waker.wait()
     finally:
         waker.close()
 
 
 async def follow(
-    relay: Relay, task: Task, *, history_length: int | None = None
+    relay: Relay,
+    task: Task,
+    *,
+    history_length: int | None = None,
+    until_terminal: bool = False,
 ) -> AsyncIterator[dict[str, Any]]:
     """``StreamResponse`` objects for one task: the Task snapshot first, then stored events
-    and state changes as they happen, ending after a terminal or interrupted state."""
+    and state changes as they happen. A send's stream ends at a terminal or interrupted
+    state; a subscription (``until_terminal``) stays open through input-required turns
+    until the task ends. The last event always carries the state the stream ended in."""
+
+    def over(state: TaskState) -> bool:
+        return state.terminal if until_terminal else views.ends_stream(state)
+
     waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
     try:
         await waker.arm()
-        current, events = await relay.call(_read, relay.store, task.workspace, task.id, 0)
-        if current is None:
+        seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+        if seen is None:
             return
-        yield {"task": views.task_view(current, events, history_length=history_length)}
-        last_seq = max((e.seq for e in events), default=0)
-        seen_artifacts = {a["artifactId"] for a in views.artifacts_of(current, events)}
-        last_state = current.state
-        while not views.ends_stream(last_state):
+        yield {"task": _view(seen, history_length)}
+        current = seen.task
+        last_seq = max((e.seq for e in seen.events), default=0)
+        seen_artifacts = {
+            a["artifactId"] for a in views.artifacts_of(current, seen.events, seen.turns)
+        }
+        last_state, last_turn = current.state, current.turn
+        while not over(last_state):
             await waker.wait()
             await waker.arm()
-            current, fresh = await relay.call(_read, relay.store, task.workspace, task.id, last_seq)
-            if current is None:
+            fresh_seen = await relay.call(_read, relay.store, task.workspace, task.id, last_seq)
+            if fresh_seen is None:
                 return
+            current, fresh = fresh_seen.task, fresh_seen.events
             for update in views.event_updates(current, fresh):
                 if "artifactUpdate" in update:
                     seen_artifacts.add(update["artifactUpdate"]["artifact"]["artifactId"])
                 yield update
             if fresh:
                 last_seq = fresh[-1].seq
-            if current.state is not last_state:
+            if current.state is not last_state or current.turn != last_turn:
                 if current.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
-                    for art in views.artifacts_of(current, ()):
+                    for art in views.result_artifacts(current, current.turn, current.result):
                         if art["artifactId"] not in seen_artifacts:
                             seen_artifacts.add(art["artifactId"])
                             yield {
@@ -121,7 +158,7 @@ async def follow(
                                 }
                             }
                 yield views.status_update(current, fresh)
-                last_state = current.state
+                last_state, last_turn = current.state, current.turn
     finally:
         waker.close()
 
@@ -135,24 +172,23 @@ async def send_streaming(
 
 
 async def subscribe(relay: Relay, caller: Caller, task_id: str) -> AsyncIterator[dict[str, Any]]:
-    task, _ = await get_visible(relay, caller, task_id)
+    task = (await get_visible(relay, caller, task_id)).task
     if task.state.terminal:
         raise UnsupportedOperation(
             f"task {task.id} is {views.A2A_STATE[task.state]}; there is nothing left to "
             "subscribe to. Use GetTask.",
             metadata={"taskId": task.id},
         )
-    return follow(relay, task)
+    return follow(relay, task, until_terminal=True)
 
 
 async def get(
     relay: Relay, caller: Caller, task_id: str, history_length: int | None
 ) -> dict[str, Any]:
-    task, events = await get_visible(relay, caller, task_id)
-    return views.task_view(task, events, history_length=history_length)
+    return _view(await get_visible(relay, caller, task_id), history_length)
 
 
-def _cancel(store: Store, caller: Caller, task_id: str) -> tuple[Task, list[TaskEvent]]:
+def _cancel(store: Store, caller: Caller, task_id: str) -> Seen:
     task = caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
     # The store records the decision (won or refused) in the cancel's own transaction.
     after, outcome = store.cancel(task.workspace, task.id, actor=caller.actor, rule="caller")
@@ -163,9 +199,10 @@ def _cancel(store: Store, caller: Caller, task_id: str) -> tuple[Task, list[Task
             f"task {task_id} is already {views.A2A_STATE[after.state]}",
             metadata={"taskId": task_id, "state": views.A2A_STATE[after.state]},
         )
-    return after, store.events_after(task.id, 0)
+    return Seen(
+        after, store.events_after(task.id, 0), store.turns(task.id) if after.turn > 1 else []
+    )
 
 
 async def cancel(relay: Relay, caller: Caller, task_id: str) -> dict[str, Any]:
-    task, events = await relay.call(_cancel, relay.store, caller, task_id)
-    return views.task_view(task, events)
+    return _view(await relay.call(_cancel, relay.store, caller, task_id))

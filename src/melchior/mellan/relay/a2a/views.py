@@ -11,11 +11,11 @@ of one task give the same JSON.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.timefmt import a2a_ts
-from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState
+from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState, TaskTurn
 from melchior.policy.hops import HOPS_URI
 
 A2A_STATE = {
@@ -54,9 +54,32 @@ def _loads_obj(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def caller_message(task: Task) -> dict[str, Any]:
-    """The caller's message as stored, with the task and context it belongs to."""
-    msg = _loads_obj(task.payload) or {"role": "ROLE_USER", "parts": []}
+class _Turn(NamedTuple):
+    """One turn as the views read it: a finished one (:class:`TaskTurn`) or the live one."""
+
+    number: int
+    payload: str
+    state: TaskState
+    result: str | None
+    error: str | None
+
+
+def _turns(task: Task, turns: Sequence[TaskTurn]) -> list[_Turn]:
+    past = [_Turn(t.turn, t.payload, t.state, t.result, t.error) for t in turns]
+    return [*past, _Turn(task.turn, task.payload, task.state, task.result, task.error)]
+
+
+def _suffix(turn: int) -> str:
+    """Derived ids of turn 1 keep their first form; later turns' are told apart."""
+    return "" if turn == 1 else f"-t{turn}"
+
+
+def caller_message(task: Task, payload: str | None = None) -> dict[str, Any]:
+    """The caller's message of a turn as stored, with the task and context it belongs to."""
+    msg = _loads_obj(task.payload if payload is None else payload) or {
+        "role": "ROLE_USER",
+        "parts": [],
+    }
     msg["taskId"] = task.id
     msg["contextId"] = task.context_id
     return msg
@@ -78,23 +101,33 @@ def _result(task: Task) -> dict[str, Any]:
     return _loads_obj(task.result) or {}
 
 
-def _error_message(task: Task) -> dict[str, Any] | None:
-    if not task.error:
+def _error_message(task: Task, error: str | None = None, turn: int = 1) -> dict[str, Any] | None:
+    text = task.error if error is None and turn == task.turn else error
+    if not text:
         return None
-    parsed = _loads_obj(task.error)
-    text = task.error
+    parsed = _loads_obj(text)
     if parsed is not None:
         for key in ("message", "error", "reason"):
             if isinstance(parsed.get(key), str):
                 text = parsed[key]
                 break
     return {
-        "messageId": f"{task.id}-error",
+        "messageId": f"{task.id}{_suffix(turn)}-error",
         "role": "ROLE_AGENT",
         "parts": [{"text": text}],
         "taskId": task.id,
         "contextId": task.context_id,
     }
+
+
+def _final(task: Task, turn: _Turn) -> dict[str, Any] | None:
+    """What a turn ended with: the agent's answer (or question), or the failure."""
+    if turn.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
+        raw = (_loads_obj(turn.result) or {}).get("message")
+        return agent_message(task, raw, f"{task.id}{_suffix(turn.number)}-result")
+    if turn.state is TaskState.FAILED:
+        return _error_message(task, turn.error, turn.number)
+    return None
 
 
 def _artifact_update(body: dict[str, Any]) -> tuple[dict[str, Any], bool, bool | None] | None:
@@ -118,13 +151,11 @@ def _status_message(task: Task, ev: TaskEvent, body: dict[str, Any]) -> dict[str
 def status_of(task: Task, events: Sequence[TaskEvent] = ()) -> dict[str, Any]:
     status: dict[str, Any] = {"state": A2A_STATE[task.state], "timestamp": a2a_ts(task.updated_at)}
     message: dict[str, Any] | None = None
-    if task.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
-        message = agent_message(task, _result(task).get("message"), f"{task.id}-result")
-    elif task.state is TaskState.FAILED:
-        message = _error_message(task)
+    if task.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED, TaskState.FAILED):
+        message = _final(task, _turns(task, ())[-1])
     elif task.state is TaskState.LEASED:
         for ev in reversed(events):
-            if ev.kind in ("status", "message"):
+            if ev.kind in ("status", "message") and ev.turn == task.turn:
                 body = _loads_obj(ev.body) or {}
                 message = _status_message(task, ev, body)
                 break
@@ -133,7 +164,23 @@ def status_of(task: Task, events: Sequence[TaskEvent] = ()) -> dict[str, Any]:
     return status
 
 
-def artifacts_of(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any]]:
+def result_artifacts(task: Task, turn: int, result: str | None) -> list[dict[str, Any]]:
+    """The artifacts a turn's recorded result carries, each with a stable id."""
+    arts = (_loads_obj(result) or {}).get("artifacts")
+    out: list[dict[str, Any]] = []
+    if isinstance(arts, list):
+        for i, art in enumerate(arts):
+            if isinstance(art, dict):
+                aid = str(art.get("artifactId") or f"{task.id}{_suffix(turn)}-a{i}")
+                out.append({**art, "artifactId": aid})
+    return out
+
+
+def artifacts_of(
+    task: Task, events: Sequence[TaskEvent], turns: Sequence[TaskTurn] = ()
+) -> list[dict[str, Any]]:
+    """Every artifact of every turn: those streamed as events (chunks appended), then those
+    each turn's result carries."""
     arts: dict[str, dict[str, Any]] = {}
     for ev in events:
         if ev.kind != "artifact":
@@ -149,31 +196,45 @@ def artifacts_of(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any]
             arts[aid] = merged
         else:
             arts[aid] = {**art, "artifactId": aid}
-    result_arts = _result(task).get("artifacts")
-    if isinstance(result_arts, list):
-        for i, art in enumerate(result_arts):
-            if isinstance(art, dict):
-                aid = str(art.get("artifactId") or f"{task.id}-a{i}")
-                arts[aid] = {**art, "artifactId": aid}
+    for turn in _turns(task, turns):
+        for art in result_artifacts(task, turn.number, turn.result):
+            arts[art["artifactId"]] = art
     return list(arts.values())
 
 
-def history_of(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any]]:
-    history = [caller_message(task)]
-    for ev in events:
-        if ev.kind in ("status", "message"):
-            msg = _status_message(task, ev, _loads_obj(ev.body) or {})
-            if msg is not None:
-                history.append(msg)
-    if task.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
-        final = agent_message(task, _result(task).get("message"), f"{task.id}-result")
+def history_of(
+    task: Task, events: Sequence[TaskEvent], turns: Sequence[TaskTurn] = ()
+) -> list[dict[str, Any]]:
+    """Every turn in order: the caller's message, what the agent said while working, and
+    what the turn ended with."""
+    history: list[dict[str, Any]] = []
+    for turn in _turns(task, turns):
+        history.append(caller_message(task, turn.payload))
+        for ev in events:
+            if ev.turn == turn.number and ev.kind in ("status", "message"):
+                msg = _status_message(task, ev, _loads_obj(ev.body) or {})
+                if msg is not None:
+                    history.append(msg)
+        final = _final(task, turn)
         if final is not None:
             history.append(final)
-    elif task.state is TaskState.FAILED:
-        err = _error_message(task)
-        if err is not None:
-            history.append(err)
     return history
+
+
+def direct_reply(task: Task) -> dict[str, Any] | None:
+    """The agent's message when it answered with a message and no task of its own (its
+    result says ``"asMessage": true``): what a blocking send returns instead of a Task.
+    It names the conversation (``contextId``), not the relay's record of the exchange."""
+    if task.state is not TaskState.SUCCEEDED:
+        return None
+    result = _result(task)
+    if result.get("asMessage") is not True:
+        return None
+    msg = agent_message(task, result.get("message"), f"{task.id}-result")
+    if msg is None:
+        return None
+    msg.pop("taskId", None)
+    return msg
 
 
 def task_metadata(task: Task) -> dict[str, Any]:
@@ -189,6 +250,7 @@ def task_view(
     *,
     history_length: int | None = None,
     include_artifacts: bool = True,
+    turns: Sequence[TaskTurn] = (),
 ) -> dict[str, Any]:
     """A2A ``Task``. ``history_length`` None = all, 0 = omitted, N = the last N messages."""
     out: dict[str, Any] = {
@@ -197,11 +259,11 @@ def task_view(
         "status": status_of(task, events),
     }
     if include_artifacts:
-        arts = artifacts_of(task, events)
+        arts = artifacts_of(task, events, turns)
         if arts:
             out["artifacts"] = arts
     if history_length != 0:
-        history = history_of(task, events)
+        history = history_of(task, events, turns)
         if history_length is not None:
             history = history[-history_length:]
         out["history"] = history

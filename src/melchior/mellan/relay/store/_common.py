@@ -25,6 +25,7 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskEvent,
     TaskState,
+    TaskTurn,
     Verdict,
 )
 
@@ -140,12 +141,31 @@ def task_from_row(r: RowLike) -> Task:
         error=r["error"],
         created_at=iso(r["created_at"]),
         updated_at=iso(r["updated_at"]),
+        turn=r["turn"],
     )
 
 
 def event_from_row(r: RowLike) -> TaskEvent:
     return TaskEvent(
-        seq=r["seq"], task_id=r["task_id"], at=iso(r["at"]), kind=r["kind"], body=r["body"]
+        seq=r["seq"],
+        task_id=r["task_id"],
+        at=iso(r["at"]),
+        kind=r["kind"],
+        body=r["body"],
+        turn=r["turn"],
+    )
+
+
+def turn_from_row(r: RowLike) -> TaskTurn:
+    return TaskTurn(
+        task_id=r["task_id"],
+        turn=r["turn"],
+        payload=r["payload"],
+        state=TaskState(r["state"]),
+        result=r["result"],
+        error=r["error"],
+        epoch=r["epoch"],
+        finished_at=iso_or_none(r["finished_at"]),
     )
 
 

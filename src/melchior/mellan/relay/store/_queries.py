@@ -23,10 +23,12 @@ from melchior.mellan.relay.store.base import (
     Enrollment,
     Grant,
     Principal,
+    SentMessage,
     Session,
     Task,
     TaskEvent,
     TaskState,
+    TaskTurn,
 )
 
 FINISHED_STATES = ("succeeded", "input_required", "failed", "cancelled")
@@ -125,6 +127,27 @@ class ReadQueries:
             f"SELECT * FROM task WHERE workspace = {p} AND id = {p}", (workspace, task_id)
         )
         return C.task_from_row(rows[0]) if rows else None
+
+    def turns(self, task_id: str) -> list[TaskTurn]:
+        rows = self._read(
+            f"SELECT * FROM task_turn WHERE task_id = {self.P} ORDER BY turn", (task_id,)
+        )
+        return [C.turn_from_row(r) for r in rows]
+
+    def sent_message(self, workspace: str, caller: str, message_id: str) -> SentMessage | None:
+        p = self.P
+        rows = self._read(
+            "SELECT m.task_id, m.turn, CASE WHEN t.turn = m.turn THEN t.payload"
+            "   ELSE (SELECT d.payload FROM task_turn d WHERE d.task_id = m.task_id"
+            "         AND d.turn = m.turn) END AS payload"
+            " FROM task_message m JOIN task t ON t.id = m.task_id"
+            f" WHERE m.workspace = {p} AND m.caller = {p} AND m.message_id = {p}",
+            (workspace, caller, message_id),
+        )
+        if not rows or rows[0]["payload"] is None:
+            return None
+        r = rows[0]
+        return SentMessage(r["task_id"], int(r["turn"]), r["payload"])
 
     def task_by_message(self, workspace: str, caller: str, message_id: str) -> Task | None:
         p = self.P

@@ -225,6 +225,7 @@ class Task:
     error: str | None
     created_at: str
     updated_at: str
+    turn: int = 1  # which turn of the task is live (a follow-up answer starts the next)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,47 @@ class TaskEvent:
     at: str
     kind: str  # "status" | "artifact" | "message"
     body: str  # raw JSON text
+    turn: int = 1  # the turn it was reported in
+
+
+@dataclass(frozen=True)
+class TaskTurn:
+    """A finished turn of a task that went on: the caller's message that started it and
+    what was recorded for it. A recorded turn is final (rule 4 holds per turn)."""
+
+    task_id: str
+    turn: int
+    payload: str  # raw JSON text of the caller's message of that turn
+    state: TaskState
+    result: str | None
+    error: str | None
+    epoch: int  # the lease epoch its outcome was recorded under
+    finished_at: str | None
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """Where a caller's message went: the task and turn it started, and the message as
+    stored (so a resend can be told from a reuse of its id)."""
+
+    task_id: str
+    turn: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """A caller's answer to a task that asked for input: it starts the task's next turn."""
+
+    workspace: str
+    task_id: str
+    caller: str
+    message_id: str
+    payload: str  # raw JSON text, stored and handed to the receiver verbatim
+    chain: str
+    hop: int
+    path: tuple[str, ...]
+    record: Record | None = None
 
 
 @dataclass(frozen=True)
@@ -465,6 +507,23 @@ class Store(Protocol):
         ...
 
     def get_task(self, workspace: str, task_id: str) -> Task | None: ...
+
+    def turns(self, task_id: str) -> list[TaskTurn]:
+        """The finished turns of a task that went on, in order (empty for a one-turn task)."""
+        ...
+
+    def sent_message(self, workspace: str, caller: str, message_id: str) -> SentMessage | None:
+        """The task and turn ``caller``'s message ``message_id`` went to, with its payload."""
+        ...
+
+    def continue_task(self, follow: FollowUp) -> tuple[Task | None, bool]:
+        """Start the next turn of a task waiting for input, with the caller's answer, in one
+        transaction: the finished turn is kept, the task is queued again (same id, attempt
+        count afresh, epochs going on so the last turn's holder stays fenced out), the
+        message recorded in the ledger, the record written. (task, True) when it went on;
+        (task, False) when the messageId was already used (a resend, or a reuse) or the
+        task no longer waits for input; (None, False) for an unknown task."""
+        ...
 
     def task_by_message(self, workspace: str, caller: str, message_id: str) -> Task | None:
         """The task ``caller`` sent with ``message_id`` (the dedupe key), if it was stored."""

@@ -137,7 +137,38 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # v3 — kept in step with PostgreSQL's v3: SQLite has no TRUNCATE, and its DELETE
     # (with or without WHERE) is already refused by audit_no_delete
     ("SELECT 'v3: nothing to change on SQLite'",),
-    # v4 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
+    # v4 — a task is a sequence of turns: the live turn stays in ``task`` (its number in
+    # ``turn``), finished turns of a task that went on are kept in ``task_turn``, events
+    # know their turn, and every caller message (of any turn) is in ``task_message``, the
+    # ledger that makes a resend of one messageId find its task and turn
+    (
+        "ALTER TABLE task ADD COLUMN turn INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE task_event ADD COLUMN turn INTEGER NOT NULL DEFAULT 1",
+        """CREATE TABLE task_turn (
+            task_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            payload TEXT NOT NULL,
+            state TEXT NOT NULL,
+            result TEXT,
+            error TEXT,
+            epoch INTEGER NOT NULL,
+            finished_at INTEGER,
+            PRIMARY KEY (task_id, turn)
+        ) STRICT""",
+        "CREATE INDEX task_turn_epoch ON task_turn (task_id, epoch)",
+        """CREATE TABLE task_message (
+            workspace TEXT NOT NULL,
+            caller TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            PRIMARY KEY (workspace, caller, message_id)
+        ) STRICT""",
+        "CREATE INDEX task_message_task ON task_message (task_id)",
+        """INSERT INTO task_message (workspace, caller, message_id, task_id, turn)
+           SELECT workspace, caller, message_id, id, 1 FROM task WHERE message_id IS NOT NULL""",
+    ),
+    # v5 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
     # indexes its pages read by (a task's audit trail, activity over a time window)
     (
         """CREATE TABLE dashboard_session (
@@ -285,7 +316,35 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
            FOR EACH STATEMENT EXECUTE FUNCTION audit_append_only()""",
     ),
-    # v4 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
+    # v4 — a task is a sequence of turns (see the SQLite v4 for the why)
+    (
+        "ALTER TABLE task ADD COLUMN turn integer NOT NULL DEFAULT 1",
+        "ALTER TABLE task_event ADD COLUMN turn integer NOT NULL DEFAULT 1",
+        """CREATE TABLE task_turn (
+            task_id text NOT NULL,
+            turn integer NOT NULL,
+            payload text NOT NULL,
+            state text NOT NULL,
+            result text,
+            error text,
+            epoch bigint NOT NULL,
+            finished_at timestamptz,
+            PRIMARY KEY (task_id, turn)
+        )""",
+        "CREATE INDEX task_turn_epoch ON task_turn (task_id, epoch)",
+        """CREATE TABLE task_message (
+            workspace text NOT NULL,
+            caller text NOT NULL,
+            message_id text NOT NULL,
+            task_id text NOT NULL,
+            turn integer NOT NULL,
+            PRIMARY KEY (workspace, caller, message_id)
+        )""",
+        "CREATE INDEX task_message_task ON task_message (task_id)",
+        """INSERT INTO task_message (workspace, caller, message_id, task_id, turn)
+           SELECT workspace, caller, message_id, id, 1 FROM task WHERE message_id IS NOT NULL""",
+    ),
+    # v5 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
     # indexes its pages read by (a task's audit trail, activity over a time window)
     (
         """CREATE TABLE dashboard_session (

@@ -172,14 +172,39 @@ class _Tx:
         return sorted(int(r["seq"]) for r in rows)
 
     # -- tasks --------------------------------------------------------------------------------
-    def insert_tasks(self, tasks: Sequence[NewTask]) -> list[Row | None]:
+    def insert_messages(self, rows: Sequence[tuple[str, str, str, str, int]]) -> list[bool]:
+        if not rows:
+            return []
+        self.cur.executemany(
+            "INSERT INTO task_message (workspace, caller, message_id, task_id, turn)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1 AS x",
+            rows,
+            returning=True,
+        )
+        inserted: list[bool] = []
+        while True:
+            inserted.append(self.cur.fetchone() is not None)
+            if not self.cur.nextset():
+                break
+        return inserted
+
+    def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None:
+        return self.one(
+            "SELECT task_id, turn FROM task_message WHERE workspace = %s AND caller = %s"
+            " AND message_id = %s",
+            (workspace, caller, message_id),
+        )
+
+    def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[Row | None]:
         """All inserts in one pipelined ``executemany`` (one round trip for the batch); a
         dedupe hit returns no row."""
+        if not tasks:
+            return []
         rows = [
-            (C.new_id(), t.workspace, t.caller, t.receiver, t.capability,
+            (tid, t.workspace, t.caller, t.receiver, t.capability,
              t.context_id or C.new_id(), t.payload, t.metadata, t.message_id, t.session_key,
              t.chain, t.hop, json.dumps(list(t.path)), t.max_attempts)
-            for t in tasks
+            for tid, t in tasks
         ]  # fmt: skip
         self.cur.executemany(
             "INSERT INTO task (id, workspace, caller, receiver, capability, context_id,"
@@ -195,6 +220,29 @@ class _Tx:
             if not self.cur.nextset():
                 break
         return inserted
+
+    def archive_turn(self, task_id: str) -> None:
+        self.run(
+            "INSERT INTO task_turn (task_id, turn, payload, state, result, error, epoch,"
+            " finished_at) SELECT id, turn, payload, state, result, error, lease_epoch,"
+            " finished_at FROM task WHERE id = %s",
+            (task_id,),
+        )
+
+    def next_turn(self, task_id: str, payload: str, chain: str, hop: int, path: str) -> Row | None:
+        return self.one(
+            "UPDATE task SET state = 'queued', turn = turn + 1, payload = %(payload)s,"
+            " chain = %(chain)s, hop = %(hop)s, path = %(path)s, result = NULL, error = NULL,"
+            f" attempt = 0, run_after = {_NOW}, finished_at = NULL, lease_owner = NULL,"
+            f" lease_expires_at = NULL, updated_at = {_NOW}"
+            " WHERE id = %(id)s AND state = 'input_required' RETURNING *",
+            {"payload": payload, "chain": chain, "hop": hop, "path": path, "id": task_id},
+        )
+
+    def finished_turn(self, task_id: str, epoch: int) -> Row | None:
+        return self.one(
+            "SELECT state FROM task_turn WHERE task_id = %s AND epoch = %s", (task_id, epoch)
+        )
 
     def task_by_message(self, workspace: str, caller: str, message_id: str | None) -> Row | None:
         return self.one(
@@ -227,8 +275,9 @@ class _Tx:
 
     def insert_event(self, task_id: str, kind: str, body: str) -> Row:
         row = self.one(
-            "INSERT INTO task_event (task_id, kind, body) VALUES (%s, %s, %s) RETURNING *",
-            (task_id, kind, body),
+            "INSERT INTO task_event (task_id, kind, body, turn)"
+            " SELECT %s, %s, %s, turn FROM task WHERE id = %s RETURNING *",
+            (task_id, kind, body, task_id),
         )
         assert row is not None
         return row

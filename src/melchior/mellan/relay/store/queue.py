@@ -36,6 +36,7 @@ from melchior.mellan.relay.store.base import (
     Capability,
     Conflict,
     CredentialKind,
+    FollowUp,
     Grant,
     Lease,
     NewTask,
@@ -90,7 +91,18 @@ class Tx(Protocol):
     def insert_audit(self, notes: Sequence[C.Note]) -> list[int]: ...
 
     # -- tasks ----------------------------------------------------------------------------
-    def insert_tasks(self, tasks: Sequence[NewTask]) -> Sequence[Row | None]: ...
+    def insert_messages(self, rows: Sequence[tuple[str, str, str, str, int]]) -> list[bool]:
+        """Ledger rows (workspace, caller, message id, task id, turn); False where the
+        message id was already recorded for that caller."""
+        ...
+
+    def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None: ...
+    def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> Sequence[Row | None]: ...
+    def archive_turn(self, task_id: str) -> None: ...
+    def next_turn(
+        self, task_id: str, payload: str, chain: str, hop: int, path: str
+    ) -> Row | None: ...
+    def finished_turn(self, task_id: str, epoch: int) -> Row | None: ...
     def task_by_message(
         self, workspace: str, caller: str, message_id: str | None
     ) -> Row | None: ...
@@ -307,16 +319,29 @@ class QueueStore(ReadQueries):
             return []
 
         def go(tx: Tx) -> list[tuple[Task, bool]]:
+            # Every caller message goes in the ledger first: a messageId already there (a
+            # resend, or a reuse the door will name) stores no second task.
+            ids = [C.new_id() for _ in tasks]
+            keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
+            fresh = tx.insert_messages(
+                [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
+                 for k in keyed]
+            )  # fmt: skip
+            seen = {k for k, ok in zip(keyed, fresh, strict=True) if not ok}
+            new = [k for k in range(len(tasks)) if k not in seen]
+            rows = dict(zip(new, tx.insert_tasks([(ids[k], tasks[k]) for k in new]), strict=True))
             out: list[tuple[Task, bool]] = []
-            for task, row in zip(tasks, tx.insert_tasks(tasks), strict=True):
+            for k, task in enumerate(tasks):
+                row = rows.get(k)
                 if row is not None:
                     tx.topics += [
                         receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
                     ]  # fmt: skip
                     out.append((C.task_from_row(row), True))
                     continue
-                existing = tx.task_by_message(task.workspace, task.caller, task.message_id)
-                if existing is None:  # only a dedupe hit can suppress the insert
+                ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
+                existing = None if ref is None else tx.task_row(ref["task_id"])
+                if existing is None:  # only a message already sent can suppress the insert
                     raise StoreError("enqueue: insert suppressed without a duplicate")
                 out.append((C.task_from_row(existing), False))
             self._notes(tx, C.accept_notes(tasks, out))
@@ -345,6 +370,28 @@ class QueueStore(ReadQueries):
             if actor is not None and before is not None:
                 self._notes(tx, [C.cancel_note(actor, rule, before["state"], task, outcome)])
             return task, outcome
+
+        return self._transact(go)
+
+    def continue_task(self, follow: FollowUp) -> tuple[Task | None, bool]:
+        def go(tx: Tx) -> tuple[Task | None, bool]:
+            row = tx.lock_task(follow.task_id, follow.workspace)
+            if row is None:
+                return None, False
+            if row["state"] != TaskState.INPUT_REQUIRED.value:
+                return C.task_from_row(row), False
+            ledger = (follow.workspace, follow.caller, follow.message_id, follow.task_id)
+            if not tx.insert_messages([(*ledger, int(row["turn"]) + 1)])[0]:
+                return C.task_from_row(row), False
+            tx.archive_turn(follow.task_id)
+            path = C.json_list(follow.path)
+            went = tx.next_turn(follow.task_id, follow.payload, follow.chain, follow.hop, path)
+            if went is None:
+                raise StoreError("continue_task: a locked task waiting for input did not go on")
+            task = C.task_from_row(went)
+            tx.topics += [receiver_topic(task.workspace, task.receiver), task_topic(task.id)]
+            self._notes(tx, [C.record_note(task.workspace, follow.record, task.id)])
+            return task, True
 
         return self._transact(go)
 
@@ -423,7 +470,10 @@ class QueueStore(ReadQueries):
         row = tx.lock_task(task_id)
         if row is None:
             return Verdict(Outcome.NOT_FOUND)
-        if row["lease_epoch"] == epoch and row["state"] in done:
+        past = tx.finished_turn(task_id, epoch) if int(row["turn"]) > 1 else None
+        if (row["lease_epoch"] == epoch and row["state"] in done) or (
+            past is not None and past["state"] in done
+        ):
             verdict = Verdict(Outcome.DUPLICATE)
         else:
             if (

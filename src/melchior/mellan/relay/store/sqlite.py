@@ -161,12 +161,30 @@ class _Tx:
         return seqs
 
     # -- tasks --------------------------------------------------------------------------------
-    def insert_tasks(self, tasks: Sequence[NewTask]) -> list[sqlite3.Row | None]:
+    def insert_messages(self, rows: Sequence[tuple[str, str, str, str, int]]) -> list[bool]:
+        return [
+            self.run(
+                "INSERT INTO task_message (workspace, caller, message_id, task_id, turn)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                row,
+            )
+            == 1
+            for row in rows
+        ]
+
+    def message_ref(self, workspace: str, caller: str, message_id: str) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT task_id, turn FROM task_message WHERE workspace = ? AND caller = ?"
+            " AND message_id = ?",
+            (workspace, caller, message_id),
+        )
+
+    def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[sqlite3.Row | None]:
         """One prepared INSERT per task; a dedupe hit inserts nothing and answers None."""
         rows: list[sqlite3.Row | None] = []
-        for t in tasks:
+        for tid, t in tasks:
             values = (
-                C.new_id(), t.workspace, t.caller, t.receiver, t.capability,
+                tid, t.workspace, t.caller, t.receiver, t.capability,
                 t.context_id or C.new_id(), t.payload, t.metadata, t.message_id,
                 t.session_key, t.chain, t.hop, json.dumps(list(t.path)), t.max_attempts,
                 self.now, self.now, self.now,
@@ -182,6 +200,32 @@ class _Tx:
                 )
             )
         return rows
+
+    def archive_turn(self, task_id: str) -> None:
+        self.run(
+            "INSERT INTO task_turn (task_id, turn, payload, state, result, error, epoch,"
+            " finished_at) SELECT id, turn, payload, state, result, error, lease_epoch,"
+            " finished_at FROM task WHERE id = ?",
+            (task_id,),
+        )
+
+    def next_turn(
+        self, task_id: str, payload: str, chain: str, hop: int, path: str
+    ) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE task SET state = 'queued', turn = turn + 1, payload = :payload,"
+            " chain = :chain, hop = :hop, path = :path, result = NULL, error = NULL,"
+            " attempt = 0, run_after = :now, finished_at = NULL, lease_owner = NULL,"
+            " lease_expires_at = NULL, updated_at = :now"
+            " WHERE id = :id AND state = 'input_required' RETURNING *",
+            {"payload": payload, "chain": chain, "hop": hop, "path": path, "now": self.now,
+             "id": task_id},
+        )  # fmt: skip
+
+    def finished_turn(self, task_id: str, epoch: int) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT state FROM task_turn WHERE task_id = ? AND epoch = ?", (task_id, epoch)
+        )
 
     def task_by_message(
         self, workspace: str, caller: str, message_id: str | None
@@ -213,8 +257,9 @@ class _Tx:
 
     def insert_event(self, task_id: str, kind: str, body: str) -> sqlite3.Row:
         row = self.one(
-            "INSERT INTO task_event (task_id, at, kind, body) VALUES (?, ?, ?, ?) RETURNING *",
-            (task_id, self.now, kind, body),
+            "INSERT INTO task_event (task_id, at, kind, body, turn)"
+            " SELECT ?, ?, ?, ?, turn FROM task WHERE id = ? RETURNING *",
+            (task_id, self.now, kind, body, task_id),
         )
         assert row is not None
         return row
