@@ -18,7 +18,7 @@ from dashboard_kit import browser, csrf_of, post_form, send_task, sign_in
 from melchior.mellan.relay.auth import hash_token
 from melchior.mellan.relay.dashboard import routes
 from melchior.mellan.relay.dashboard.headers import CSP
-from melchior.mellan.relay.store.base import AuditFilter, NewTask
+from melchior.mellan.relay.store.base import AuditFilter, FollowUp, NewTask, Record
 
 
 @pytest.fixture(name="site")
@@ -379,3 +379,32 @@ def test_the_api_lists_and_revokes_codes_through_the_same_action(
     assert again.status_code == 404
     join = httpx.post(f"{server.url}/api/join", json={"code": made.json()["code"]})
     assert join.status_code == 401
+
+
+def test_a_task_that_went_on_shows_each_turn(site: tuple[Server, World]) -> None:
+    server, world = site
+    store = server.store
+    first = '{"parts":[{"text":"which host?"}]}'
+    task, _ = store.enqueue(NewTask(WS, CALLER, RECEIVER, "incident.inspect", first))
+    (lease,) = store.claim(WS, RECEIVER, "rx", actor=f"agent:{RECEIVER}")
+    asked = '{"message":{"parts":[{"text":"which one?"}]}}'
+    assert store.complete(task.id, lease.epoch, asked, input_required=True).ok
+    answer = '{"parts":[{"text":"db-1"}],"n":12345678901234567890}'
+    said = Record(f"agent:{CALLER}", "task.continue", "grant", "the caller answered")
+    follow = FollowUp(WS, task.id, CALLER, "m-2", answer, "", 1, (), record=said)
+    went, ok_ = store.continue_task(follow)
+    assert ok_
+    assert went is not None
+    (lease,) = store.claim(WS, RECEIVER, "rx", actor=f"agent:{RECEIVER}")
+    done_ = '{"message":{"parts":[{"text":"db-1 is fine"}]}}'
+    assert store.complete(task.id, lease.epoch, done_, actor=f"agent:{RECEIVER}").ok
+    c, _ = sign_in(server.url, world.tokens["owner"])
+    page = c.get(f"/ui/tasks/{task.id}").text
+    shown = [html.unescape(p) for p in re.findall(r'<pre class="payload">(.*?)</pre>', page)]
+    # turn 1's message and result (from the finished turn), turn 2's answer and result
+    assert shown[0] == first
+    assert answer in shown
+    assert done_ in shown
+    assert "(turn 2)" in page
+    assert "answered" in page
+    assert shown.index(answer) < shown.index(done_)

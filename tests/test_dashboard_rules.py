@@ -21,6 +21,7 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskEvent,
     TaskState,
+    TaskTurn,
 )
 from melchior.policy.sessions import csrf_token_matches, same_origin, session_stands
 
@@ -224,7 +225,7 @@ def test_the_timeline_orders_every_step_with_payloads_as_stored() -> None:
         _rec(1, "task.accept", 0),
         _rec(2, "task.claim", 10, expires_at=iso(T0 + timedelta(seconds=30))),
         _rec(3, "task.progress", 20),
-        _rec(4, "task.complete", 30),
+        _rec(4, "task.complete", 30, epoch=1),
     ]
     events = [TaskEvent(9, "t1", iso(T0 + timedelta(milliseconds=20)), "status", '{"s":"x"}')]
     steps = timeline.steps(_task(), records, events)
@@ -247,3 +248,32 @@ def test_the_timeline_shows_a_renewed_lease_and_refusals() -> None:
     assert "runs until" in steps[3].text
     not_renewed = _task(state=TaskState.LEASED, result=None, lease_expires_at=claimed_until)
     assert "renewed" not in [s.title for s in timeline.steps(not_renewed, records, [])]
+
+
+def test_each_turn_keeps_its_message_and_result() -> None:
+    turn1 = TaskTurn("t1", 1, '{"q":1}', TaskState.INPUT_REQUIRED, '{"ask":"which?"}', None, 1,
+                     iso(T0 + timedelta(milliseconds=30)))  # fmt: skip
+    live = _task(turn=2, payload='{"a":"db-1"}', result='{"done":true}', lease_epoch=2)
+    records = [
+        _rec(1, "task.accept", 0),
+        _rec(2, "task.claim", 10),
+        _rec(3, "task.input_required", 30, epoch=1),
+        _rec(5, "task.claim", 50),
+        _rec(6, "task.complete", 60, epoch=2),
+        _rec(7, "task.complete", 70),  # the same report again, answered "duplicate"
+    ]
+    records[5] = AuditRecord(7, "w", iso(T0 + timedelta(milliseconds=70)), "agent:b",
+                             "task.complete", "t1", True, "lease",
+                             "task.complete under epoch 2: duplicate", {"epoch": 2})  # fmt: skip
+    steps = timeline.steps(live, records, [], [turn1])
+    assert [s.title for s in steps] == [
+        "accepted", "claimed", "input asked", "answered", "claimed", "completed",
+        "completed (reported again)",
+    ]  # fmt: skip
+    bodies = {s.title: s.body for s in steps if s.body is not None}
+    assert bodies == {
+        "accepted": '{"q":1}',
+        "input asked": '{"ask":"which?"}',
+        "answered": '{"a":"db-1"}',
+        "completed": '{"done":true}',
+    }

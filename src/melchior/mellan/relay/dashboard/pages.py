@@ -391,26 +391,27 @@ async def tasks_page(request: Request, owner: Owner) -> Response:
     )  # fmt: skip
 
 
-def _task_read(store: Store, workspace: str, task_id: str) -> tuple[Task | None, Any, Any]:
+def _task_read(store: Store, workspace: str, task_id: str) -> tuple[Task | None, Any, Any, Any]:
     task = store.get_task(workspace, task_id)
     if task is None:
-        return None, [], []
+        return None, [], [], []
     records = store.audit_matching(
         workspace, AuditFilter(subject=task_id), limit=1000, newest_first=False
     )
-    return task, records, store.events_after(task_id, 0)
+    turns = store.turns(task_id) if task.turn > 1 else []
+    return task, records, store.events_after(task_id, 0), turns
 
 
 async def task_parts(request: Request, owner: Owner, task_id: str) -> dict[str, str] | None:
     """The live parts of a task's page (summary and timeline), rendered; None if unseen."""
-    task, records, events = await _read(
+    task, records, events, turns = await _read(
         request, _task_read, _store(request), owner.workspace, task_id
     )
     if not actions.may_see(owner.principal, task):
         return None
     assert task is not None
     base = render.base_path(request)
-    steps = timeline.steps(task, records, events)
+    steps = timeline.steps(task, records, events, turns)
     return {
         "task-summary": render.fragment("_task_summary.html", task=task, base=base, owner=owner),
         "timeline": render.fragment("_timeline.html", steps=steps),
@@ -459,8 +460,8 @@ KNOWN_ACTIONS = (
     "agent.", "agent.add", "credential.", "credential.add", "credential.revoke",
     "enrollment.", "enrollment.add", "enrollment.redeem", "enrollment.revoke",
     "grant.", "grant.add", "grant.revoke", "session.", "session.start", "session.end",
-    "task.", "task.accept", "task.refuse", "task.claim", "task.progress", "task.complete",
-    "task.input_required", "task.fail", "task.cancel", "task.cancel_ack", "lease.",
+    "task.", "task.accept", "task.continue", "task.refuse", "task.claim", "task.progress",
+    "task.complete", "task.input_required", "task.fail", "task.cancel", "task.cancel_ack", "lease.",
     "lease.lost", "lease.expired",
 )  # fmt: skip
 """Offered as suggestions in the audit filter (any action may be typed)."""
