@@ -242,8 +242,8 @@ class Receiver:
         elif word == "fail":
             rc.fail(tid, epoch, "it broke", retryable=False)
         elif word == "say":  # a direct reply: a message and no task of its own
-            direct = {"message": {"role": "ROLE_AGENT", "parts": [{"text": rest}]}}
-            rc.complete(tid, epoch, {**direct, "asMessage": True})
+            said: dict[str, Any] = {"role": "ROLE_AGENT", "parts": [{"text": rest}]}
+            rc.complete(tid, epoch, {"message": said, "asMessage": True})
         else:
             rc.complete(tid, epoch, {"message": {"parts": [{"text": f"ok: {text}"}]}})
 

@@ -9,6 +9,7 @@ Cancel and Subscribe answer for someone else's task exactly as for an unknown id
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,8 @@ import httpx
 import pytest
 
 from a2a_kit import CALLER, CAPS, OTHER, RECEIVER, WS, Server, World, message, running
-from melchior.mellan.relay.store.base import AuditRecord
+from melchior.mellan.relay.auth import Credentials
+from melchior.mellan.relay.store.base import AuditRecord, CredentialKind, Principal
 
 NOT_GRANTED = "no such capability is available to you on that agent"
 
@@ -151,6 +153,40 @@ def test_missing_and_revoked_credentials_are_401_and_audited(tmp_path: Any) -> N
         n = len(server.store.audit_since(WS, 0, 10_000))
         assert send(server, "mln_made_up", agent="made/up").status_code == 401
         assert len(server.store.audit_since(WS, 0, 10_000)) == n
+
+
+def test_a_credential_revoked_elsewhere_is_refused_within_the_cache_ttl(tmp_path: Any) -> None:
+    """Revoked through the store, as another replica would: this relay remembered the
+    credential as live (it was just used) and keeps it for at most the cache's ttl."""
+    with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
+        token = world.tokens["caller"]
+        assert send(server, token).status_code == 200
+        server.store.revoke_credential(WS, world.credential_ids["caller"])
+        deadline = time.monotonic() + 30  # a liveness bound, far above the 2 s ttl
+        while send(server, token).status_code == 200:
+            assert time.monotonic() < deadline, "a revoked credential stayed usable"
+            time.sleep(0.2)
+        assert send(server, token).status_code == 401
+
+
+def test_credentials_cache_remembers_only_live_ones_and_only_for_ttl() -> None:
+    now = [0.0]
+    cache = Credentials(ttl=2.0, size=2, clock=lambda: now[0])
+    p = Principal(WS, CredentialKind.AGENT, CALLER, "c1")
+    assert cache.get("h1") is None
+    cache.put("h1", p)
+    assert cache.get("h1") == p
+    now[0] = 1.99
+    assert cache.get("h1") == p
+    now[0] = 2.0
+    assert cache.get("h1") is None  # expired: the next request reads the store again
+    cache.put("h1", p)
+    cache.put("h2", p)
+    cache.put("h3", p)  # over size: the table starts again rather than grow
+    assert cache.get("h1") is None
+    assert cache.get("h3") == p
+    cache.forget()
+    assert cache.get("h3") is None
 
 
 def test_owner_credentials_cannot_send_as_an_agent(relay: tuple[Server, World]) -> None:

@@ -316,5 +316,6 @@ async def revoke_credential(relay: Relay, me: Principal, credential_id: str) -> 
     revoked = await relay.call(
         relay.store.revoke_credential, me.workspace, credential_id, record=audit
     )
+    relay.credentials.forget()  # refused at once here (other replicas: within their ttl)
     if not revoked:
         raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")

@@ -12,6 +12,7 @@ from typing import ParamSpec, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store
@@ -37,9 +38,12 @@ class Relay:
     instead of holding the graceful shutdown open until their ``wait`` runs out."""
     batcher: Batcher = field(init=False, repr=False)
     """Group commit of accepted sends; its consumer is run by the app's lifespan."""
+    credentials: Credentials = field(init=False, repr=False)
+    """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self)
+        self.credentials = Credentials()
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)

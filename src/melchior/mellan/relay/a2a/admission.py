@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from melchior.mellan.relay.a2a import hops, jsontext, views
 from melchior.mellan.relay.a2a.access import Caller
@@ -243,19 +243,27 @@ def resend_of(store: Store, caller: Caller, req: SendRequest) -> Task | None:
     return task
 
 
-async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
+class Taken(NamedTuple):
+    """What the door took: the task, and whether it was stored just now (then it has no
+    events yet and its row is what the store returned — nothing to read back)."""
+
+    task: Task
+    fresh: bool
+
+
+async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
     """The whole door: decide (refusals audited, nothing stored), then store the task and
     its acceptance record in one transaction (group-committed with concurrent accepts) —
     or start the next turn of a task that asked for input. A messageId already taken is a
     resend (the same task back) or a reuse (refused by name)."""
     decided = await relay.call(decide, relay.store, caller, req)
     if isinstance(decided, Task):
-        return decided
+        return Taken(decided, False)
     if isinstance(decided, FollowUp):
         went, moved = await relay.call(relay.store.continue_task, decided)
         if moved and went is not None:
-            return went
-        return await _not_new(relay, caller, req, went)
+            return Taken(went, False)  # a turn on: its earlier turns are there to read
+        return Taken(await _not_new(relay, caller, req, went), False)
     try:
         task, created = await relay.batcher.enqueue(decided)
     except StoreUnavailable as lost:
@@ -263,8 +271,8 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Task:
             raise
         task, created = await relay.call(settle, relay.store, lost, decided), False
     if created:
-        return task
-    return await _not_new(relay, caller, req, task)
+        return Taken(task, True)
+    return Taken(await _not_new(relay, caller, req, task), False)
 
 
 async def _not_new(relay: Relay, caller: Caller, req: SendRequest, task: Task | None) -> Task:

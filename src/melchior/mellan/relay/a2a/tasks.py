@@ -82,8 +82,10 @@ async def send_blocking(
     req: SendRequest,
     disconnected: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    task = await admission.accept(relay, caller, req)
+    task, fresh = await admission.accept(relay, caller, req)
     if req.return_immediately:
+        if fresh:  # stored just now: no events, no earlier turns, nothing to read back
+            return answer(Seen(task, [], []), req.history_length)
         seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
         return answer(seen or Seen(task, [], []), req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
@@ -167,7 +169,7 @@ async def send_streaming(
     relay: Relay, caller: Caller, req: SendRequest
 ) -> AsyncIterator[dict[str, Any]]:
     """Accept first (errors surface before the stream opens), then follow the task."""
-    task = await admission.accept(relay, caller, req)
+    task, _ = await admission.accept(relay, caller, req)
     return follow(relay, task, history_length=req.history_length)
 
 
