@@ -97,7 +97,14 @@ def test_owner_adds_an_agent_a_code_and_a_grant_then_signs_out(
 ) -> None:
     add_agent(relay, "local/codex", "code.review")
     page = _page(chromium)
-    _sign_in(page, relay, "/ui/agents")
+    # by keyboard alone: the token field has focus, Enter signs in; Tab reaches the skip link
+    page.goto(relay.url + "/ui/agents")
+    page.keyboard.type(relay.owner_token)
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
+    assert page.url.endswith("/ui/agents")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     page.locator("#agent-id").fill("private/ops")
     page.locator("#agent-desc").fill("the ops box")
     page.locator("#agent-caps").fill("incident.inspect = Read the incident log\ndeploy")
