@@ -8,6 +8,11 @@ Two numbers, each measured on both servers in the same run and printed with thei
   task (no receiver is running: the work stays queued, as for an offline destination).
   On the reference (``DefaultRequestHandler`` + ``DatabaseTaskStore``) the executor
   emits the submitted Task, which the handler persists.
+  The reference runs twice: with ``DatabaseTaskStore`` on the same engine, and with
+  ``InMemoryTaskStore`` (no durability at all — the floor a durable queue is measured
+  against). Beside the rate, each server's own CPU time per accepted request is printed
+  (user + system of its process and threads, from ``/proc``): on a shared machine the
+  rate moves with the neighbours' load, the CPU a request costs much less.
 * **stream event latency** — ``SendStreamingMessage``; the producer emits ``EVENTS``
   status updates carrying ``time.time_ns()`` at emission and the streaming client
   records arrival. On mellan the producer is a receiver on the receiver API (claim, then
@@ -95,14 +100,14 @@ def serve_mellan(db: str, info: Path) -> None:
     server.run(sockets=[sock])
 
 
-def serve_reference(db: str, info: Path) -> None:
+def serve_reference(db: str, info: Path, memory: bool = False) -> None:
 
     import uvicorn
     from a2a.server.agent_execution import AgentExecutor, RequestContext
     from a2a.server.events import EventQueue
     from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_jsonrpc_routes
-    from a2a.server.tasks import DatabaseTaskStore, TaskUpdater
+    from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskUpdater
     from a2a.types import (
         AgentCapabilities,
         AgentCard,
@@ -156,15 +161,20 @@ def serve_reference(db: str, info: Path) -> None:
             AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url + "/")
         ],
     )
-    if db.startswith("postgresql://"):
+    store: InMemoryTaskStore | DatabaseTaskStore
+    if memory:
+        store = InMemoryTaskStore()
+    elif db.startswith("postgresql://"):
         engine = create_async_engine(db.replace("postgresql://", "postgresql+psycopg://", 1))
+        store = DatabaseTaskStore(engine)
     else:  # a generous busy timeout, or it fails under load (mellan: 10 s)
         path = db.removeprefix("sqlite://")
         engine = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30})
-    store = DatabaseTaskStore(engine)
+        store = DatabaseTaskStore(engine)
+    if isinstance(store, DatabaseTaskStore):
+        asyncio.run(store.initialize())
     handler = DefaultRequestHandler(agent_executor=Executor(), task_store=store, agent_card=card)
     app = Starlette(routes=create_jsonrpc_routes(handler, rpc_url="/"))
-    asyncio.run(store.initialize())
     info.write_text(json.dumps({"url": url, "rpc": url + "/", "caller": "", "receiver": ""}))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[sock])
@@ -214,31 +224,78 @@ def rpc(method: str, text: str, config: dict[str, Any] | None = None) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
 
 
-async def accepted_per_second(info: dict[str, str]) -> float:
-    h = headers(info["caller"])
-    limits = httpx.Limits(max_connections=CONCURRENCY)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        for _ in range(20):  # warm-up
-            r = await client.post(
-                info["rpc"],
-                content=rpc("SendMessage", "warm", {"returnImmediately": True}),
-                headers=h,
-            )
-            assert "result" in r.json(), r.text
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its threads so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that sends a POST and reads one response.
+
+    The load generator must not be what is measured: httpx's async client spends ~4 ms of
+    CPU per request here, more than either server, so on a 2-core machine the client set
+    the pace. This writes a request with its headers prebuilt and reads a response by its
+    Content-Length — about a tenth of that — and fails loudly on anything else."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = httpx.URL(url)
+        self.host, self.port, self.path = parts.host, parts.port or 80, parts.raw_path
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.head = (
+            f"POST {self.path.decode()} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"A2A-Version: 1.0\r\nContent-Type: application/json\r\n{auth}"
+        ).encode()
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def post(self, body: bytes) -> bytes:
+        self.writer.write(b"%sContent-Length: %d\r\n\r\n%s" % (self.head, len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = head[9:12]
+        length = None
+        for line in head.lower().split(b"\r\n"):
+            if line.startswith(b"content-length:"):
+                length = int(line[15:])
+        if length is None:
+            raise SystemExit(f"no Content-Length in {head!r}")
+        payload = await self.reader.readexactly(length)
+        if status != b"200" or b'"result"' not in payload:
+            raise SystemExit(f"send failed: {head[:12]!r} {payload[:300]!r}")
+        return payload
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def accepted_per_second(info: dict[str, str], pid: int) -> tuple[float, float, float]:
+    """Accepted requests per second, the server's CPU milliseconds per request, and the
+    load generator's own (to show it is not what sets the pace)."""
+    conns = [Connection(info["rpc"], info["caller"]) for _ in range(CONCURRENCY)]
+    for c in conns:
+        await c.open()
+    try:
+        for c in conns:  # warm-up: every connection once
+            await c.post(rpc("SendMessage", "warm", {"returnImmediately": True}))
         remaining = SENDS
 
-        async def worker() -> None:
+        async def worker(c: Connection) -> None:
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
-                body = rpc("SendMessage", "work", {"returnImmediately": True})
-                r = await client.post(info["rpc"], content=body, headers=h)
-                if "result" not in r.json():
-                    raise SystemExit(f"send failed: {r.text}")
+                await c.post(rpc("SendMessage", "work", {"returnImmediately": True}))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        return SENDS / (time.perf_counter() - t0)
+        c0, t0, mine = cpu_seconds(pid), time.perf_counter(), time.process_time()
+        await asyncio.gather(*(worker(c) for c in conns))
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
+        client = (time.process_time() - mine) * 1000 / SENDS
+        return SENDS / elapsed, cpu * 1000 / SENDS, client
+    finally:
+        for c in conns:
+            await c.close()
 
 
 def mellan_producer(info: dict[str, str], stop: threading.Event) -> None:
@@ -282,6 +339,7 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
+MEMORY = {"reference-memory": "memory://"}
 PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -289,7 +347,7 @@ PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5
 def databases(engine: str, tmp: Path) -> Iterator[dict[str, str]]:
     """One fresh database per server, of the same engine."""
     if engine == "sqlite":
-        yield {k: f"sqlite://{tmp / k}.db" for k in ("mellan", "reference")}
+        yield {k: f"sqlite://{tmp / k}.db" for k in ("mellan", "reference")} | MEMORY
         return
     import psycopg
 
@@ -299,7 +357,7 @@ def databases(engine: str, tmp: Path) -> Iterator[dict[str, str]]:
         for name in names.values():
             admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield {k: f"{base}/{name}" for k, name in names.items()}
+        yield {k: f"{base}/{name}" for k, name in names.items()} | MEMORY
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
             for name in names.values():
@@ -310,12 +368,12 @@ def run_engine(engine: str) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as d, databases(engine, Path(d)) as dbs:
         tmp = Path(d)
-        for kind in ("mellan", "reference"):
+        for kind in ("mellan", "reference", "reference-memory"):
             proc, info = start(kind, dbs[kind], tmp)
             stop = threading.Event()
             producer = None
             try:
-                rate = asyncio.run(accepted_per_second(info))
+                rate, cpu, client = asyncio.run(accepted_per_second(info, proc.pid))
                 if kind == "mellan":
                     producer = threading.Thread(target=mellan_producer, args=(info, stop))
                     producer.start()
@@ -328,7 +386,8 @@ def run_engine(engine: str) -> dict[str, dict[str, float]]:
                 proc.wait()
             if len(lat) < STREAMS * EVENTS * 0.9:
                 raise SystemExit(f"{kind}: only {len(lat)} of {STREAMS * EVENTS} events measured")
-            results[kind] = {"rate": rate, "p50": pct(lat, 50), "p95": pct(lat, 95), "n": len(lat)}
+            results[kind] = {"rate": rate, "cpu": cpu, "client": client, "n": len(lat)}
+            results[kind] |= {"p50": pct(lat, 50), "p95": pct(lat, 95)}
     return results
 
 
@@ -362,25 +421,34 @@ def main() -> int:
 
 
 def report(engine: str, results: dict[str, dict[str, float]]) -> None:
-    m, r = results["mellan"], results["reference"]
+    m = results["mellan"]
     print(f"[{engine}] A2A SendMessage (returnImmediately), {SENDS} sends, {CONCURRENCY} clients")
-    print(f"  mellan     {m['rate']:8.0f} accepted/s")
-    ratio = m["rate"] / r["rate"]
-    print(f"  reference  {r['rate']:8.0f} accepted/s   ratio mellan/reference {ratio:.2f}")
+    print(f"  {'mellan':18} {m['rate']:7.0f} accepted/s  {m['cpu']:6.2f} ms CPU/request")
+    print(f"  (load generator: {m['client']:.2f} ms CPU/request)")
+    for kind in ("reference", "reference-memory"):
+        r = results[kind]
+        print(
+            f"  {kind:18} {r['rate']:7.0f} accepted/s  {r['cpu']:6.2f} ms CPU/request"
+            f"   mellan/{kind}: rate {m['rate'] / r['rate']:.2f}x, CPU {m['cpu'] / r['cpu']:.2f}x"
+        )
     print(f"stream event latency, {STREAMS} streams x {EVENTS} events (ms)")
     for k in ("p50", "p95"):
-        print(f"  {k}: mellan {m[k]:7.2f}  reference {r[k]:7.2f}  ratio {m[k] / r[k]:.2f}")
+        line = f"  {k}: mellan {m[k]:7.2f}"
+        for kind in ("reference", "reference-memory"):
+            r = results[kind]
+            line += f"  {kind} {r[k]:7.2f} (ratio {m[k] / r[k]:.2f})"
+        print(line)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["mellan", "reference"])
+    ap.add_argument("--serve", choices=["mellan", "reference", "reference-memory"])
     ap.add_argument("--db")
     ap.add_argument("--info", type=Path)
     ns = ap.parse_args()
     if ns.serve == "mellan":
         serve_mellan(ns.db, ns.info)
-    elif ns.serve == "reference":
-        serve_reference(ns.db, ns.info)
+    elif ns.serve in ("reference", "reference-memory"):
+        serve_reference(ns.db, ns.info, memory=ns.serve == "reference-memory")
     else:
         sys.exit(main())
