@@ -2,6 +2,7 @@
 #   make run    create .venv, install melchior, start the mellan relay (SQLite default)
 #   make test   create .venv if needed, install with test extras, run the whole suite
 #   make test-streaming   only the provider SSE/HTTP boundary tests (no credentials)
+#   make screenshots      the dashboard's screenshots in docs/dashboard/ (needs chromium)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 JS_SDK := $(VENV)/js
 
-.PHONY: setup run test test-streaming lint bench clean js-sdk
+.PHONY: setup run test test-streaming lint bench clean js-sdk screenshots
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +37,10 @@ test: $(STAMP) js-sdk
 # The provider boundary alone: SSE parser partitions and local-HTTP fixtures, no credentials.
 test-streaming: $(STAMP)
 	$(BIN)/pytest -m streaming $(PYTEST_ARGS)
+
+# The dashboard's screenshots in docs/dashboard/, taken by its browser tests (needs chromium).
+screenshots: $(STAMP)
+	MELLAN_SCREENSHOTS=docs/dashboard $(BIN)/pytest -m browser -q tests/test_dashboard_browser.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard bench)

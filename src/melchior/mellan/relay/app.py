@@ -10,15 +10,19 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from melchior.mellan.relay.context import Relay
+
+if TYPE_CHECKING:
+    from melchior.mellan.relay.dashboard import Settings
 
 log = logging.getLogger("melchior.mellan")
 
@@ -77,15 +81,16 @@ async def sweep_leases(relay: Relay) -> None:
             log.info("lease sweep: %d expired task(s) out of attempts marked failed", changed)
 
 
-def create_app(relay: Relay) -> Starlette:
-    """The replica's application: ``/healthz``, and two mounts that each render their
+def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
+    """The replica's application: ``/healthz``, and three mounts that each render their
     own refusals — ``/api`` (control and receiver APIs: ``{"error": {code, reason,
-    rule}}``) and ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) — so no
-    endpoint catches errors itself. The lifespan owns every background task of the
-    replica (lease sweeper, accept batcher) in one task group, and awaits them on the way
-    out."""
+    rule}}``), ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) and ``/ui`` (the
+    owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
+    lifespan owns every background task of the replica (lease sweeper, accept batcher) in
+    one task group, and awaits them on the way out."""
     from melchior.mellan.relay import a2a, control, receiver_api
     from melchior.mellan.relay.a2a import paths
+    from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
     from melchior.mellan.relay.http import HANDLERS
 
     api = Starlette(routes=control.routes() + receiver_api.routes(), exception_handlers=HANDLERS)
@@ -111,7 +116,13 @@ def create_app(relay: Relay) -> Starlette:
             await relay.notifier.stop()
 
     app = Starlette(
-        routes=[Route("/healthz", healthz), Mount("/api", api), Mount(paths.PREFIX, entry)],
+        routes=[
+            Route("/healthz", healthz),
+            Route("/", lambda _: RedirectResponse(PREFIX + "/", 307)),
+            Mount("/api", api),
+            Mount(paths.PREFIX, entry),
+            Mount(PREFIX, create_dashboard(relay, dashboard)),
+        ],
         lifespan=lifespan,
         middleware=[Middleware(HeaderLimit)],
     )

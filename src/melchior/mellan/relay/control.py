@@ -8,63 +8,54 @@ crosses workspaces: every store call is scoped by the credential's workspace.
 
 Every decision (allowed or refused) is appended to the audit log with its rule and reason.
 Errors are ``{"error": {"code", "reason"}}`` (see :mod:`melchior.mellan.relay.http`).
+The changes themselves (validation, policy, audit) are :mod:`melchior.mellan.relay.actions`,
+shared with the dashboard; these handlers read JSON and answer JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import secrets
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from melchior.mellan.relay.auth import hash_token, new_token, parties_of, viewer_of
+from melchior.mellan.relay import actions
+from melchior.mellan.relay.actions import (
+    ENROLL_TTL_DEFAULT,
+    ENROLL_TTL_MAX,
+    MAX_DESCRIPTION,
+    bad,
+    is_owner,
+    may_see,
+    not_found,
+    owner_only,
+)
+from melchior.mellan.relay.auth import hash_token, new_token, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
     JSON,
     ApiError,
-    actor,
     authenticate,
     event_view,
     field_int,
     field_str,
     query_int,
     read_object,
-    record,
-    require_owner,
     task_view,
 )
-from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
+from melchior.mellan.relay.notify import audit_topic
 from melchior.mellan.relay.store.base import (
     Agent,
     AuditRecord,
-    Capability,
-    Conflict,
-    CredentialKind,
     Grant,
-    Outcome,
     Principal,
-    Record,
     Task,
     TaskState,
 )
-from melchior.policy.grants import may_grant
-from melchior.policy.visibility import Party, may_see_task, party_filters
-
-AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}$")
-CAPABILITY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-ENROLL_TTL_DEFAULT = 15 * 60
-ENROLL_TTL_MAX = 7 * 24 * 3600
-CODE_PREFIX = "mlj_"
-MAX_DESCRIPTION = 2000
-"""Longest agent or capability description (characters); limits are in docs/mellan.md."""
-MAX_CAPABILITIES = 256
-"""Most capabilities one agent declares, or one grant names."""
+from melchior.policy.visibility import party_filters
 
 
 def _relay(request: Request) -> Relay:
@@ -75,18 +66,6 @@ def _relay(request: Request) -> Relay:
 async def _who(request: Request) -> tuple[Relay, Principal]:
     relay = _relay(request)
     return relay, await authenticate(request, relay)
-
-
-async def _owner_only(relay: Relay, me: Principal, action: str) -> None:
-    """Refuse a non-owner, and record the refusal: an agent reaching for owner powers is a
-    decision worth an audit line."""
-    if _is_owner(me):
-        return
-    await record(
-        relay, me.workspace, actor(me), action, me.subject, False, "owner-only",
-        "an agent credential asked for an owner-only operation",
-    )  # fmt: skip
-    require_owner(me)
 
 
 _Row = TypeVar("_Row", Grant, Task)
@@ -106,18 +85,6 @@ async def _as_party(
         for row in await relay.call(query, c, r):
             seen[row.id] = row
     return list(seen.values())
-
-
-def _is_owner(p: Principal) -> bool:
-    return p.kind is CredentialKind.OWNER
-
-
-def _bad(reason: str, code: str = "bad-request") -> ApiError:
-    return ApiError(400, code, reason)
-
-
-def _not_found(what: str) -> ApiError:
-    return ApiError(404, "not-found", f"no {what} visible to this credential")
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -178,77 +145,19 @@ async def whoami(request: Request) -> Response:
 # -- agents --------------------------------------------------------------------------------------
 
 
-def _capabilities(raw: Any) -> list[Capability]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _bad("'capabilities' must be a list of ids or {id, description} objects")
-    if len(raw) > MAX_CAPABILITIES:
-        raise _bad(f"an agent declares at most {MAX_CAPABILITIES} capabilities")
-    out: dict[str, Capability] = {}
-    for item in raw:
-        if isinstance(item, str):
-            cap = Capability(item)
-        elif isinstance(item, dict) and isinstance(item.get("id"), str):
-            desc = item.get("description", "")
-            if not isinstance(desc, str):
-                raise _bad("a capability's description must be a string")
-            if len(desc) > MAX_DESCRIPTION:
-                raise _bad(
-                    f"a capability's description is longer than {MAX_DESCRIPTION} characters"
-                )
-            cap = Capability(item["id"], desc)
-        else:
-            raise _bad("each capability must be an id string or an {id, description} object")
-        if not CAPABILITY_ID.match(cap.id):
-            raise _bad(
-                f"capability id {cap.id!r} is not valid: use letters, digits and . _ : / - "
-                "(at most 128), e.g. 'incident.inspect'"
-            )
-        if cap.id in out:
-            raise _bad(f"capability {cap.id!r} is listed twice")
-        out[cap.id] = cap
-    return list(out.values())
-
-
 async def add_agent(request: Request) -> Response:
     relay, me = await _who(request)
-    await _owner_only(relay, me, "agent.add")
+    await owner_only(relay, me, "agent.add")
     body = await read_object(request, relay)
     agent_id = field_str(body, "id")
     description = field_str(body, "description", required=False, max_len=MAX_DESCRIPTION)
-    if not AGENT_ID.match(agent_id):
-        raise _bad(
-            f"agent id {agent_id!r} is not valid: one to four '/'-separated parts of letters, "
-            "digits and . _ - (e.g. 'local/codex', 'private/ops')"
-        )
-    caps = _capabilities(body.get("capabilities"))
-    existing = await relay.call(relay.store.get_agent, me.workspace, agent_id)
-    conflict = ApiError(
-        409,
-        "exists",
-        f"agent {agent_id!r} already exists in workspace {me.workspace!r}; ids are stable, "
-        "pick another id or keep using this one",
-    )
-    if existing is not None:
-        raise conflict
-    audit = Record(
-        actor(me), "agent.add", "owner",
-        f"added agent {agent_id} with {len(caps)} capabilit{'y' if len(caps) == 1 else 'ies'}",
-        {"capabilities": [c.id for c in caps]},
-    )  # fmt: skip
-    try:
-        agent = await relay.call(
-            relay.store.add_agent, me.workspace, agent_id, description, caps, record=audit
-        )
-    except Conflict:
-        raise conflict from None
+    agent = await actions.add_agent(relay, me, agent_id, description, body.get("capabilities"))
     return JSON(agent_view(agent), 201)
 
 
 async def list_agents(request: Request) -> Response:
     relay, me = await _who(request)
-    if _is_owner(me):
+    if is_owner(me):
         agents = await relay.call(relay.store.list_agents, me.workspace)
     else:
         mine = await relay.call(relay.store.get_agent, me.workspace, me.subject)
@@ -259,63 +168,53 @@ async def list_agents(request: Request) -> Response:
 async def get_agent(request: Request) -> Response:
     relay, me = await _who(request)
     agent_id = request.path_params["agent_id"]
-    if not _is_owner(me) and agent_id != me.subject:
-        raise _not_found(f"agent {agent_id!r}")
+    if not is_owner(me) and agent_id != me.subject:
+        raise not_found(f"agent {agent_id!r}")
     agent = await relay.call(relay.store.get_agent, me.workspace, agent_id)
     if agent is None:
-        raise _not_found(f"agent {agent_id!r}")
+        raise not_found(f"agent {agent_id!r}")
     return JSON(agent_view(agent))
 
 
 # -- enrollment ----------------------------------------------------------------------------------
 
 
-def _plus_seconds(iso_now: str, seconds: int) -> str:
-    """``iso_now`` (the database clock) plus ``seconds``, in the store's own ISO form."""
-    dt = datetime.fromisoformat(iso_now.replace("Z", "+00:00")) + timedelta(seconds=seconds)
-    text = dt.isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z") if iso_now.endswith("Z") else text
-
-
 async def enroll(request: Request) -> Response:
     """Mint a one-time, expiring enrollment code for an agent; shown once, stored hashed."""
     relay, me = await _who(request)
-    await _owner_only(relay, me, "enrollment.add")
+    await owner_only(relay, me, "enrollment.add")
     body = await read_object(request, relay)
     agent_id = field_str(body, "agent")
     ttl = field_int(body, "ttl_seconds", ENROLL_TTL_DEFAULT, 30, ENROLL_TTL_MAX)
-    agent = await relay.call(relay.store.get_agent, me.workspace, agent_id)
-    if agent is None:
-        await record(
-            relay, me.workspace, actor(me), "enrollment.add", agent_id, False,
-            "unknown-agent", f"no agent {agent_id!r} to enroll",
-        )  # fmt: skip
-        raise ApiError(
-            404,
-            "not-found",
-            f"no agent {agent_id!r} in workspace {me.workspace!r}; add it first "
-            f"('mellan agent add {agent_id} --capability …')",
-        )
-    code = CODE_PREFIX + secrets.token_urlsafe(24)
-    now = await relay.call(relay.store.now)
-    expires_at = _plus_seconds(now, ttl)
-    audit = Record(
-        actor(me), "enrollment.add", "owner",
-        f"one-time enrollment code for {agent_id}, valid until {expires_at}",
-        {"expires_at": expires_at},
-    )  # fmt: skip
-    await relay.call(
-        relay.store.add_enrollment,
-        me.workspace,
-        agent_id,
-        hash_token(code),
-        expires_at,
-        record=audit,
-    )
+    code = await actions.enroll(relay, me, agent_id, ttl)
+    return JSON(code._asdict(), 201)
+
+
+async def list_enrollments(request: Request) -> Response:
+    """Pending enrollment codes (never their text: only the hash is kept, as ``id``)."""
+    relay, me = await _who(request)
+    await owner_only(relay, me, "enrollment.read")
+    pending = await relay.call(relay.store.list_enrollments, me.workspace)
     return JSON(
-        {"code": code, "agent": agent_id, "workspace": me.workspace, "expires_at": expires_at},
-        201,
+        {
+            "enrollments": [
+                {
+                    "id": e.id,
+                    "agent": e.agent,
+                    "created_at": e.created_at,
+                    "expires_at": e.expires_at,
+                }
+                for e in pending
+            ]
+        }
     )
+
+
+async def revoke_enrollment(request: Request) -> Response:
+    relay, me = await _who(request)
+    enrollment_id = request.path_params["enrollment_id"]
+    await actions.revoke_enrollment(relay, me, enrollment_id)
+    return JSON({"outcome": "ok", "id": enrollment_id, "revoked": True})
 
 
 async def join(request: Request) -> Response:
@@ -357,40 +256,11 @@ async def join(request: Request) -> Response:
 
 async def add_grant(request: Request) -> Response:
     relay, me = await _who(request)
-    await _owner_only(relay, me, "grant.add")
+    await owner_only(relay, me, "grant.add")
     body = await read_object(request, relay)
     caller = field_str(body, "caller")
     receiver = field_str(body, "receiver")
-    caps = body.get("capabilities")
-    if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
-        raise _bad("'capabilities' must be a non-empty list of capability ids")
-    if len(caps) > MAX_CAPABILITIES or any(len(c) > 128 for c in caps):
-        raise _bad(
-            f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
-        )
-    caps = list(dict.fromkeys(caps))
-    detail = {"caller": caller, "receiver": receiver, "capabilities": caps}
-    caller_agent = await relay.call(relay.store.get_agent, me.workspace, caller)
-    receiver_agent = await relay.call(relay.store.get_agent, me.workspace, receiver)
-    decision = may_grant(
-        workspace=me.workspace,
-        caller=caller,
-        receiver=receiver,
-        capabilities=caps,
-        caller_exists=caller_agent is not None,
-        receiver_exists=receiver_agent is not None,
-        declared={c.id for c in receiver_agent.capabilities} if receiver_agent else set(),
-    )
-    if not decision:
-        await record(
-            relay, me.workspace, actor(me), "grant.add", f"{caller} -> {receiver}", False,
-            decision.rule, decision.reason, detail,
-        )  # fmt: skip
-        raise ApiError.of(404 if decision.rule == "unknown-agent" else 400, decision)
-    audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
-    grant = await relay.call(
-        relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
-    )
+    grant = await actions.add_grant(relay, me, caller, receiver, body.get("capabilities"))
     return JSON(grant_view(grant), 201)
 
 
@@ -406,7 +276,7 @@ async def list_grants(request: Request) -> Response:
             me.workspace, caller=c, receiver=r, include_revoked=include_revoked
         )
 
-    if _is_owner(me):
+    if is_owner(me):
         grants = await relay.call(query, caller, receiver)
     else:
         grants = await _as_party(relay, me, caller, receiver, query)
@@ -416,24 +286,8 @@ async def list_grants(request: Request) -> Response:
 
 async def revoke_grant(request: Request) -> Response:
     relay, me = await _who(request)
-    await _owner_only(relay, me, "grant.revoke")
     grant_id = request.path_params["grant_id"]
-    audit = Record(
-        actor(me), "grant.revoke", "owner",
-        "grant revoked; new tasks on this route are refused from now on",
-    )  # fmt: skip
-    revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id, record=audit)
-    if not revoked:
-        await record(
-            relay, me.workspace, actor(me), "grant.revoke", grant_id, False, "not-found",
-            "no active grant with this id",
-        )  # fmt: skip
-        raise ApiError(
-            404,
-            "not-found",
-            f"no active grant {grant_id!r} in this workspace (already revoked, or a typo; "
-            "see 'mellan grant list')",
-        )
+    await actions.revoke_grant(relay, me, grant_id)
     return JSON({"outcome": "ok", "id": grant_id, "revoked": True})
 
 
@@ -443,7 +297,7 @@ async def revoke_grant(request: Request) -> Response:
 async def audit(request: Request) -> Response:
     """Audit records after ``after`` (a seq); with ``wait`` > 0, long-poll for new ones."""
     relay, me = await _who(request)
-    await _owner_only(relay, me, "audit.read")
+    await owner_only(relay, me, "audit.read")
     after = query_int(request, "after", 0, 0, 2**62)
     limit = query_int(request, "limit", 100, 1, 1000)
     wait = query_int(request, "wait", 0, 0, 60)
@@ -463,13 +317,6 @@ async def audit(request: Request) -> Response:
 # -- tasks ---------------------------------------------------------------------------------------
 
 
-def _may_see(me: Principal, task: Task | None, party: Party = "any") -> bool:
-    """The visibility rule every surface shares (:mod:`melchior.policy.visibility`)."""
-    if task is None:
-        return False
-    return may_see_task(viewer_of(me), parties_of(task), party=party).allowed
-
-
 async def list_tasks(request: Request) -> Response:
     relay, me = await _who(request)
     q = request.query_params
@@ -484,7 +331,7 @@ async def list_tasks(request: Request) -> Response:
             states = [TaskState(s.strip()) for s in q["state"].split(",") if s.strip()]
         except ValueError:
             allowed = ", ".join(s.value for s in TaskState)
-            raise _bad(f"unknown state in {q['state']!r}; states are: {allowed}") from None
+            raise bad(f"unknown state in {q['state']!r}; states are: {allowed}") from None
     store = relay.store
 
     def query(c: str | None, r: str | None) -> list[Task]:
@@ -498,7 +345,7 @@ async def list_tasks(request: Request) -> Response:
             limit=limit,
         )
 
-    if _is_owner(me):
+    if is_owner(me):
         tasks = await relay.call(query, caller, receiver)
     else:
         tasks = await _as_party(relay, me, caller, receiver, query)
@@ -515,8 +362,8 @@ async def get_task(request: Request) -> Response:
     relay, me = await _who(request)
     task_id = request.path_params["task_id"]
     task = await relay.call(relay.store.get_task, me.workspace, task_id)
-    if not _may_see(me, task):
-        raise _not_found(f"task {task_id!r}")
+    if not may_see(me, task):
+        raise not_found(f"task {task_id!r}")
     assert task is not None
     events = await relay.call(relay.store.events_after, task_id, 0)
     view = task_view(task)
@@ -525,26 +372,10 @@ async def get_task(request: Request) -> Response:
 
 
 async def cancel_task(request: Request) -> Response:
-    """Cancel a queued task at once, or revoke a leased task's lease (the receiver's next
-    renew answers lease-lost, reason "cancelled"). Owners, and the task's caller, may."""
+    """Cancel a task (:func:`melchior.mellan.relay.actions.cancel_task`): owners, and the
+    task's caller, may."""
     relay, me = await _who(request)
-    task_id = request.path_params["task_id"]
-    task = await relay.call(relay.store.get_task, me.workspace, task_id)
-    if not _may_see(me, task, "caller"):
-        raise _not_found(f"task {task_id!r}")
-    assert task is not None
-    rule = "owner" if _is_owner(me) else "caller"
-    after, outcome = await relay.call(
-        relay.store.cancel, me.workspace, task_id, actor=actor(me), rule=rule
-    )  # audited by the store, allowed or refused, in the cancel's own transaction
-    if outcome is Outcome.NOT_FOUND or after is None:
-        raise _not_found(f"task {task_id!r}")
-    if outcome is Outcome.LEASE_LOST:
-        reason = f"the task is already {after.state.value}; only queued or running tasks cancel"
-        raise ApiError(409, "not-cancelable", reason, {"outcome": outcome.value})
-    if outcome is Outcome.OK:
-        relay.notifier.publish(task_topic(task_id))
-        relay.notifier.publish(receiver_topic(me.workspace, task.receiver))
+    after, outcome = await actions.cancel_task(relay, me, request.path_params["task_id"])
     return JSON({"outcome": outcome.value, "task": task_view(after, payload=False)})
 
 
@@ -556,18 +387,7 @@ async def revoke_credential(request: Request) -> Response:
     its own (e.g. a machine being retired)."""
     relay, me = await _who(request)
     credential_id = request.path_params["credential_id"]
-    if not _is_owner(me) and credential_id != me.credential_id:
-        raise _not_found(f"credential {credential_id!r}")
-    audit = Record(
-        actor(me), "credential.revoke", "owner" if _is_owner(me) else "self",
-        "credential revoked; it is refused from now on",
-    )  # fmt: skip
-    revoked = await relay.call(
-        relay.store.revoke_credential, me.workspace, credential_id, record=audit
-    )
-    relay.credentials.forget()  # refused at once here (other replicas: within their ttl)
-    if not revoked:
-        raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")
+    await actions.revoke_credential(relay, me, credential_id)
     return JSON({"outcome": "ok", "id": credential_id, "revoked": True})
 
 
@@ -578,6 +398,8 @@ def routes() -> list[BaseRoute]:
         Route("/agents", list_agents, methods=["GET"]),
         Route("/agents/{agent_id:path}", get_agent, methods=["GET"]),
         Route("/enrollments", enroll, methods=["POST"]),
+        Route("/enrollments", list_enrollments, methods=["GET"]),
+        Route("/enrollments/{enrollment_id}/revoke", revoke_enrollment, methods=["POST"]),
         Route("/join", join, methods=["POST"]),
         Route("/grants", add_grant, methods=["POST"]),
         Route("/grants", list_grants, methods=["GET"]),

@@ -14,17 +14,30 @@ from typing import Any, ClassVar
 
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store.base import (
+    Activity,
     Agent,
+    AuditFilter,
     AuditRecord,
+    CredentialInfo,
     CredentialKind,
+    Enrollment,
     Grant,
     Principal,
     SentMessage,
+    Session,
     Task,
     TaskEvent,
     TaskState,
     TaskTurn,
 )
+
+FINISHED_STATES = ("succeeded", "input_required", "failed", "cancelled")
+"""The states a finished task can be in (``finished_at`` set), as activity counts them."""
+
+
+def _like_prefix(text: str) -> str:
+    """``text`` as a LIKE pattern matching it as a prefix, its wildcards escaped (``\\``)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 class ReadQueries:
@@ -154,14 +167,24 @@ class ReadQueries:
         states: Sequence[TaskState] | None = None,
         after: str | None = None,
         limit: int = 50,
+        agent: str | None = None,
+        capability: str | None = None,
     ) -> list[Task]:
         p = self.P
         sql = f"SELECT * FROM task WHERE workspace = {p}"
         params: list[Any] = [workspace]
-        for col, val in (("caller", caller), ("receiver", receiver), ("context_id", context_id)):
+        for col, val in (
+            ("caller", caller),
+            ("receiver", receiver),
+            ("context_id", context_id),
+            ("capability", capability),
+        ):
             if val is not None:
                 sql += f" AND {col} = {p}"
                 params.append(val)
+        if agent is not None:
+            sql += f" AND (caller = {p} OR receiver = {p})"
+            params += [agent, agent]
         if states is not None:
             if not states:
                 return []
@@ -184,3 +207,157 @@ class ReadQueries:
             (task_id, after_seq),
         )
         return [C.event_from_row(r) for r in rows]
+
+    # -- the dashboard ------------------------------------------------------------------------
+    def _bucket_sql(self, column: str) -> str:
+        """SQL for the bucket index of ``column`` given two parameters: the window's start
+        (as :meth:`_stamp` gives it) and the bucket's width in milliseconds."""
+        raise NotImplementedError
+
+    def _stamp(self, iso: str) -> Any:
+        """An ISO timestamp as this backend binds it as a parameter."""
+        raise NotImplementedError
+
+    def now(self) -> str:
+        """The database clock (each backend has its own)."""
+        raise NotImplementedError
+
+    def session_for(self, id_hash: str) -> Session | None:
+        now = self.NOW_SQL
+        rows = self._read(
+            "SELECT s.workspace, s.credential_id, s.created_at, s.last_seen_at,"
+            " s.idle_expires_at, s.expires_at, c.kind, c.subject,"
+            f" (c.revoked_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > {now}))"
+            f" AS credential_live, {now} AS now"
+            " FROM dashboard_session s JOIN credential c ON c.id = s.credential_id"
+            f" WHERE s.id_hash = {self.P}",
+            (id_hash,),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        principal = Principal(
+            r["workspace"], CredentialKind(r["kind"]), r["subject"], r["credential_id"]
+        )
+        return Session(
+            principal=principal,
+            created_at=C.iso(r["created_at"]),
+            last_seen_at=C.iso(r["last_seen_at"]),
+            idle_expires_at=C.iso(r["idle_expires_at"]),
+            expires_at=C.iso(r["expires_at"]),
+            now=C.iso(r["now"]),
+            credential_live=bool(r["credential_live"]),
+        )
+
+    def list_credentials(self, workspace: str) -> list[CredentialInfo]:
+        rows = self._read(
+            "SELECT id, workspace, kind, subject, created_at, expires_at, revoked_at"
+            f" FROM credential WHERE workspace = {self.P} ORDER BY created_at, id",
+            (workspace,),
+        )
+        return [
+            CredentialInfo(
+                r["id"],
+                r["workspace"],
+                CredentialKind(r["kind"]),
+                r["subject"],
+                C.iso(r["created_at"]),
+                C.iso_or_none(r["expires_at"]),
+                C.iso_or_none(r["revoked_at"]),
+            )
+            for r in rows
+        ]
+
+    def list_enrollments(self, workspace: str) -> list[Enrollment]:
+        rows = self._read(
+            "SELECT code_hash, workspace, agent_id, created_at, expires_at FROM enrollment"
+            f" WHERE workspace = {self.P} AND used_at IS NULL AND expires_at > {self.NOW_SQL}"
+            " ORDER BY created_at, code_hash",
+            (workspace,),
+        )
+        return [
+            Enrollment(
+                r["code_hash"],
+                r["workspace"],
+                r["agent_id"],
+                C.iso(r["created_at"]),
+                C.iso(r["expires_at"]),
+            )
+            for r in rows
+        ]
+
+    def audit_matching(
+        self,
+        workspace: str,
+        match: AuditFilter,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> list[AuditRecord]:
+        p = self.P
+        sql = f"SELECT * FROM audit WHERE workspace = {p} AND seq > {p}"
+        params: list[Any] = [workspace, after]
+        if before is not None:
+            sql += f" AND seq < {p}"
+            params.append(before)
+        for col, val in (("actor", match.actor), ("subject", match.subject)):
+            if val is not None:
+                sql += f" AND {col} = {p}"
+                params.append(val)
+        if match.action is not None:
+            if match.action.endswith((".", "*")):
+                sql += f" AND action LIKE {p} ESCAPE '\\'"
+                params.append(_like_prefix(match.action.rstrip("*")))
+            else:
+                sql += f" AND action = {p}"
+                params.append(match.action)
+        if match.allowed is not None:
+            sql += f" AND allowed = {p}"
+            params.append(match.allowed)
+        sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT {p}"
+        params.append(limit)
+        return [C.audit_from_row(r) for r in self._read(sql, params)]
+
+    def task_activity(self, workspace: str, bucket_seconds: int, buckets: int) -> Activity:
+        """Three reads over indexes bounded by the window (``task_created``,
+        ``task_finished``) and the open tasks (``task_open``); the depth is derived."""
+        p = self.P
+        width = bucket_seconds * 1000
+        end = self.now()
+        end_ms = C.parse_ms(end)
+        start = C.iso(end_ms - width * buckets)
+        since = self._stamp(start)
+        accepted = [0] * buckets
+        finished = {state: [0] * buckets for state in FINISHED_STATES}
+        created = self._bucket_sql("created_at")
+        for r in self._read(
+            f"SELECT {created} AS b, count(*) AS n FROM task"
+            f" WHERE workspace = {p} AND created_at >= {p} GROUP BY 1",
+            (since, width, workspace, since),
+        ):
+            if int(r["b"]) >= 0:  # at or past the end (written since): the last bucket
+                accepted[min(int(r["b"]), buckets - 1)] += int(r["n"])
+        done = self._bucket_sql("finished_at")
+        for r in self._read(
+            f"SELECT {done} AS b, state, count(*) AS n FROM task"
+            f" WHERE workspace = {p} AND finished_at >= {p} AND finished_at IS NOT NULL"
+            " GROUP BY 1, 2",
+            (since, width, workspace, since),
+        ):
+            column = finished.get(r["state"])
+            if column is not None and int(r["b"]) >= 0:
+                column[min(int(r["b"]), buckets - 1)] += int(r["n"])
+        rows = self._read(
+            f"SELECT count(*) AS n FROM task WHERE workspace = {p} AND finished_at IS NULL",
+            (workspace,),
+        )
+        return Activity(
+            start=start,
+            end=end,
+            bucket_seconds=bucket_seconds,
+            accepted=tuple(accepted),
+            finished={k: tuple(v) for k, v in finished.items()},
+            open_now=int(rows[0]["n"]),
+        )

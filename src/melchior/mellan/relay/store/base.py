@@ -287,6 +287,83 @@ class FollowUp:
     record: Record | None = None
 
 
+@dataclass(frozen=True)
+class CredentialInfo:
+    """A stored credential as an owner may list it: never its token nor its hash."""
+
+    id: str
+    workspace: str
+    kind: CredentialKind
+    subject: str
+    created_at: str
+    expires_at: str | None
+    revoked_at: str | None
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """A pending one-time enrollment code. ``id`` is the code's hash: it names the code
+    (to revoke it) without revealing it; the code itself was shown once, when minted."""
+
+    id: str
+    workspace: str
+    agent: str
+    created_at: str
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class Session:
+    """A dashboard session as stored, read with the database clock (``now``) so the
+    decision whether it still stands (:mod:`melchior.policy.sessions`) uses one clock."""
+
+    principal: Principal
+    created_at: str
+    last_seen_at: str
+    idle_expires_at: str
+    expires_at: str
+    now: str
+    credential_live: bool
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """Which audit records to show: each field narrows (None: any). ``action`` ending in
+    ``.`` or ``*`` is a prefix (``task.`` = every task decision); the rest are exact."""
+
+    actor: str | None = None
+    action: str | None = None
+    subject: str | None = None
+    allowed: bool | None = None
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Task activity in a time window of ``len(accepted)`` buckets from ``start``:
+    tasks accepted per bucket, tasks finished per bucket by final state, and how many
+    are open (accepted, not finished) now, at ``end``."""
+
+    start: str
+    end: str
+    bucket_seconds: int
+    accepted: tuple[int, ...]
+    finished: dict[str, tuple[int, ...]]
+    open_now: int
+
+    @property
+    def depth(self) -> tuple[int, ...]:
+        """Open tasks at the end of each bucket, walked back from ``open_now``: a bucket's
+        depth is today's, less what was accepted after it, plus what finished after it."""
+        n = len(self.accepted)
+        done = [sum(col[k] for col in self.finished.values()) for k in range(n)]
+        out = [0] * n
+        level = self.open_now
+        for k in range(n - 1, -1, -1):
+            out[k] = max(level, 0)
+            level = level - self.accepted[k] + done[k]
+        return tuple(out)
+
+
 class Store(Protocol):
     """Everything the relay keeps. Every method is one transaction."""
 
@@ -462,8 +539,11 @@ class Store(Protocol):
         states: Sequence[TaskState] | None = None,
         after: str | None = None,
         limit: int = 50,
+        agent: str | None = None,
+        capability: str | None = None,
     ) -> list[Task]:
-        """Newest first; ``after`` is an opaque cursor (a task id) for pagination."""
+        """Newest first; ``after`` is an opaque cursor (a task id) for pagination. ``agent``
+        matches either party (caller or receiver)."""
         ...
 
     def cancel(
@@ -548,6 +628,71 @@ class Store(Protocol):
         actor: str | None = None,
     ) -> Verdict:
         """Retryable with attempts left → queued again after a backoff; else failed."""
+        ...
+
+    # -- the dashboard: owner sessions, listings, activity --------------------------------------
+    def add_session(
+        self,
+        workspace: str,
+        credential_id: str,
+        id_hash: str,
+        *,
+        idle_seconds: float,
+        max_seconds: float,
+        record: Record | None = None,
+    ) -> None:
+        """Store a dashboard session by the hash of its id, valid for ``max_seconds`` at most
+        and ``idle_seconds`` without use (database clock). Sessions past their absolute
+        expiry are deleted on the way (a bounded number)."""
+        ...
+
+    def session_for(self, id_hash: str) -> Session | None:
+        """The stored session with this hash and its credential's standing, or None."""
+        ...
+
+    def touch_session(self, id_hash: str, *, idle_seconds: float, every: float = 30.0) -> bool:
+        """Push a live session's idle expiry ``idle_seconds`` past now; a write at most every
+        ``every`` seconds per session. True when it was written."""
+        ...
+
+    def end_session(self, id_hash: str, *, record: Record | None = None) -> bool:
+        """Delete the session (sign-out); True if it existed."""
+        ...
+
+    def expire_sessions(self, id_hashes: Sequence[str] | None = None) -> int:
+        """Test hook: make sessions (all, or these) idle-expired now."""
+        ...
+
+    def list_credentials(self, workspace: str) -> list[CredentialInfo]:
+        """Every credential of the workspace, oldest first (revoked ones too)."""
+        ...
+
+    def list_enrollments(self, workspace: str) -> list[Enrollment]:
+        """Enrollment codes neither used nor expired, oldest first."""
+        ...
+
+    def revoke_enrollment(
+        self, workspace: str, enrollment_id: str, *, record: Record | None = None
+    ) -> bool:
+        """Make a pending code unusable now; True if it was pending."""
+        ...
+
+    def audit_matching(
+        self,
+        workspace: str,
+        match: AuditFilter,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 100,
+        newest_first: bool = True,
+    ) -> list[AuditRecord]:
+        """Audit records matching ``match`` with ``after < seq < before``."""
+        ...
+
+    def task_activity(self, workspace: str, bucket_seconds: int, buckets: int) -> Activity:
+        """Tasks accepted and finished per bucket over the last ``buckets`` buckets (the
+        window ends now), and how many are open now."""
         ...
 
     def sweep(self) -> int:

@@ -168,6 +168,25 @@ SQLITE: tuple[tuple[str, ...], ...] = (
         """INSERT INTO task_message (workspace, caller, message_id, task_id, turn)
            SELECT workspace, caller, message_id, id, 1 FROM task WHERE message_id IS NOT NULL""",
     ),
+    # v5 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
+    # indexes its pages read by (a task's audit trail, activity over a time window)
+    (
+        """CREATE TABLE dashboard_session (
+            id_hash TEXT PRIMARY KEY,
+            workspace TEXT NOT NULL REFERENCES workspace(name),
+            credential_id TEXT NOT NULL REFERENCES credential(id),
+            created_at INTEGER NOT NULL,
+            last_seen_at INTEGER NOT NULL,
+            idle_expires_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL
+        ) STRICT""",
+        "CREATE INDEX dashboard_session_expiry ON dashboard_session (expires_at)",
+        "CREATE INDEX audit_subject ON audit (workspace, subject, seq)",
+        "CREATE INDEX task_created ON task (workspace, created_at)",
+        """CREATE INDEX task_finished ON task (workspace, finished_at)
+           WHERE finished_at IS NOT NULL""",
+        "CREATE INDEX task_open ON task (workspace, created_at) WHERE finished_at IS NULL",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -324,6 +343,25 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX task_message_task ON task_message (task_id)",
         """INSERT INTO task_message (workspace, caller, message_id, task_id, turn)
            SELECT workspace, caller, message_id, id, 1 FROM task WHERE message_id IS NOT NULL""",
+    ),
+    # v5 — the dashboard: owner sessions (stored by the hash of their cookie's id), and the
+    # indexes its pages read by (a task's audit trail, activity over a time window)
+    (
+        """CREATE TABLE dashboard_session (
+            id_hash text PRIMARY KEY,
+            workspace text NOT NULL REFERENCES workspace(name),
+            credential_id text NOT NULL REFERENCES credential(id),
+            created_at timestamptz NOT NULL DEFAULT now(),
+            last_seen_at timestamptz NOT NULL DEFAULT now(),
+            idle_expires_at timestamptz NOT NULL,
+            expires_at timestamptz NOT NULL
+        )""",
+        "CREATE INDEX dashboard_session_expiry ON dashboard_session (expires_at)",
+        "CREATE INDEX audit_subject ON audit (workspace, subject, seq)",
+        "CREATE INDEX task_created ON task (workspace, created_at)",
+        """CREATE INDEX task_finished ON task (workspace, finished_at)
+           WHERE finished_at IS NOT NULL""",
+        "CREATE INDEX task_open ON task (workspace, created_at) WHERE finished_at IS NULL",
     ),
 )
 

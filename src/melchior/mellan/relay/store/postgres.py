@@ -404,6 +404,55 @@ class _Tx:
             return self.run(sql)
         return self.run(sql + " AND id = ANY(%s)", (list(task_ids),))
 
+    # -- the dashboard --------------------------------------------------------------------
+    def insert_session(
+        self, id_hash: str, workspace: str, credential_id: str, idle_ms: int, max_ms: int
+    ) -> None:
+        self.run(
+            "INSERT INTO dashboard_session (id_hash, workspace, credential_id, created_at,"
+            f" last_seen_at, idle_expires_at, expires_at) VALUES (%s, %s, %s, {_NOW}, {_NOW},"
+            f" {_NOW} + %s {_MS}, {_NOW} + %s {_MS})",
+            (id_hash, workspace, credential_id, min(idle_ms, max_ms), max_ms),
+        )
+
+    def touch_session(self, id_hash: str, idle_ms: int, every_ms: int) -> bool:
+        return (
+            self.run(
+                f"UPDATE dashboard_session SET last_seen_at = {_NOW},"
+                f" idle_expires_at = LEAST({_NOW} + %(idle)s {_MS}, expires_at)"
+                f" WHERE id_hash = %(h)s AND last_seen_at <= {_NOW} - %(every)s {_MS}"
+                f" AND idle_expires_at > {_NOW} AND expires_at > {_NOW}",
+                {"idle": idle_ms, "h": id_hash, "every": every_ms},
+            )
+            == 1
+        )
+
+    def delete_session(self, id_hash: str) -> Row | None:
+        return self.one(
+            "DELETE FROM dashboard_session WHERE id_hash = %s RETURNING workspace, credential_id",
+            (id_hash,),
+        )
+
+    def delete_expired_sessions(self, limit: int) -> int:
+        return self.run(
+            "DELETE FROM dashboard_session WHERE id_hash IN (SELECT id_hash FROM"
+            f" dashboard_session WHERE expires_at <= {_NOW} LIMIT %s FOR UPDATE SKIP LOCKED)",
+            (limit,),
+        )
+
+    def expire_sessions(self, id_hashes: Sequence[str] | None) -> int:
+        sql = f"UPDATE dashboard_session SET idle_expires_at = {_NOW} - interval '1 millisecond'"
+        if id_hashes is None:
+            return self.run(sql)
+        return self.run(sql + " WHERE id_hash = ANY(%s)", (list(id_hashes),))
+
+    def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None:
+        return self.one(
+            f"UPDATE enrollment SET expires_at = {_NOW} WHERE workspace = %s AND code_hash = %s"
+            f" AND used_at IS NULL AND expires_at > {_NOW} RETURNING agent_id",
+            (workspace, code_hash),
+        )
+
 
 def _retryable(exc: BaseException) -> bool:
     """Serialization/deadlock aborts, and a claim racing on a session slot: try again."""
@@ -518,6 +567,12 @@ class PostgresStore(QueueStore):
                 return cur.fetchall()
         except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
             raise self._lost(exc) from exc
+
+    def _bucket_sql(self, column: str) -> str:
+        return f"floor(extract(epoch FROM ({column} - %s)) * 1000 / %s)::bigint"
+
+    def _stamp(self, iso: str) -> Any:
+        return C.parse_dt(iso)
 
     def _states_clause(self, states: Sequence[TaskState]) -> tuple[str, list[Any]]:
         """One array parameter, so the statement's text is the same whatever the set's size."""

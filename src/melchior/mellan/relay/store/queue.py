@@ -56,6 +56,7 @@ Row = C.RowLike
 DONE_COMPLETE = ("succeeded", "input_required")
 DONE_FAIL = ("queued", "failed")
 DONE_CANCEL_ACK = ("cancelled",)
+_SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
 class Tx(Protocol):
@@ -122,6 +123,16 @@ class Tx(Protocol):
     def ack_cancel(self, task_id: str, epoch: int) -> Row | None: ...
     def release_cancelled(self, task_id: str) -> None: ...
     def expire_leases(self, task_ids: Sequence[str] | None) -> int: ...
+
+    # -- the dashboard --------------------------------------------------------------------
+    def insert_session(
+        self, id_hash: str, workspace: str, credential_id: str, idle_ms: int, max_ms: int
+    ) -> None: ...
+    def touch_session(self, id_hash: str, idle_ms: int, every_ms: int) -> bool: ...
+    def delete_session(self, id_hash: str) -> Row | None: ...
+    def delete_expired_sessions(self, limit: int) -> int: ...
+    def expire_sessions(self, id_hashes: Sequence[str] | None) -> int: ...
+    def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
 class QueueStore(ReadQueries):
@@ -622,7 +633,58 @@ class QueueStore(ReadQueries):
     def sweep(self) -> int:
         return self._transact(lambda tx: self._settle(tx, None, None))
 
+    # -- the dashboard: owner sessions, enrollment codes ---------------------------------------
+    def add_session(
+        self,
+        workspace: str,
+        credential_id: str,
+        id_hash: str,
+        *,
+        idle_seconds: float,
+        max_seconds: float,
+        record: Record | None = None,
+    ) -> None:
+        def go(tx: Tx) -> None:
+            tx.delete_expired_sessions(_SESSION_CLEANUP)
+            tx.insert_session(
+                id_hash, workspace, credential_id, round(idle_seconds * 1000),
+                round(max_seconds * 1000),
+            )  # fmt: skip
+            self._notes(tx, [C.record_note(workspace, record, credential_id)])
+
+        self._transact(go)
+
+    def touch_session(self, id_hash: str, *, idle_seconds: float, every: float = 30.0) -> bool:
+        idle, gap = round(idle_seconds * 1000), round(every * 1000)
+        return self._transact(lambda tx: tx.touch_session(id_hash, idle, gap))
+
+    def end_session(self, id_hash: str, *, record: Record | None = None) -> bool:
+        def go(tx: Tx) -> bool:
+            row = tx.delete_session(id_hash)
+            if row is None:
+                return False
+            self._notes(tx, [C.record_note(row["workspace"], record, row["credential_id"])])
+            return True
+
+        return self._transact(go)
+
+    def revoke_enrollment(
+        self, workspace: str, enrollment_id: str, *, record: Record | None = None
+    ) -> bool:
+        def go(tx: Tx) -> bool:
+            row = tx.revoke_enrollment(workspace, enrollment_id)
+            if row is None:
+                return False
+            self._notes(tx, [C.record_note(workspace, record, row["agent_id"])])
+            return True
+
+        return self._transact(go)
+
     # -- test hooks ---------------------------------------------------------------------------
+    def expire_sessions(self, id_hashes: Sequence[str] | None = None) -> int:
+        """Make dashboard sessions (all, or these) idle-expired now, without waiting."""
+        return self._transact(lambda tx: tx.expire_sessions(id_hashes))
+
     def expire_leases(self, task_ids: Sequence[str] | None = None) -> int:
         """Make leases (all, or these) expire now, without waiting out a TTL. For tests and
         drills; the next claim or sweep settles them exactly as a real expiry."""

@@ -378,6 +378,57 @@ class _Tx:
             params += list(task_ids)
         return self.run(sql, params)
 
+    # -- the dashboard --------------------------------------------------------------------
+    def insert_session(
+        self, id_hash: str, workspace: str, credential_id: str, idle_ms: int, max_ms: int
+    ) -> None:
+        self.run(
+            "INSERT INTO dashboard_session (id_hash, workspace, credential_id, created_at,"
+            " last_seen_at, idle_expires_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (id_hash, workspace, credential_id, self.now, self.now,
+             self.now + min(idle_ms, max_ms), self.now + max_ms),
+        )  # fmt: skip
+
+    def touch_session(self, id_hash: str, idle_ms: int, every_ms: int) -> bool:
+        return (
+            self.run(
+                "UPDATE dashboard_session SET last_seen_at = :now,"
+                " idle_expires_at = MIN(:now + :idle, expires_at)"
+                " WHERE id_hash = :h AND last_seen_at <= :now - :every"
+                " AND idle_expires_at > :now AND expires_at > :now",
+                {"now": self.now, "idle": idle_ms, "h": id_hash, "every": every_ms},
+            )
+            == 1
+        )
+
+    def delete_session(self, id_hash: str) -> sqlite3.Row | None:
+        return self.one(
+            "DELETE FROM dashboard_session WHERE id_hash = ? RETURNING workspace, credential_id",
+            (id_hash,),
+        )
+
+    def delete_expired_sessions(self, limit: int) -> int:
+        return self.run(
+            "DELETE FROM dashboard_session WHERE id_hash IN (SELECT id_hash FROM"
+            " dashboard_session WHERE expires_at <= ? LIMIT ?)",
+            (self.now, limit),
+        )
+
+    def expire_sessions(self, id_hashes: Sequence[str] | None) -> int:
+        sql = "UPDATE dashboard_session SET idle_expires_at = ?"
+        params: list[Any] = [self.now - 1]
+        if id_hashes is not None:
+            sql += f" WHERE id_hash IN ({','.join('?' * len(id_hashes))})"
+            params += list(id_hashes)
+        return self.run(sql, params)
+
+    def revoke_enrollment(self, workspace: str, code_hash: str) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE enrollment SET expires_at = :now WHERE workspace = :ws AND code_hash = :h"
+            " AND used_at IS NULL AND expires_at > :now RETURNING agent_id",
+            {"now": self.now, "ws": workspace, "h": code_hash},
+        )
+
 
 _GROUP_MAX = 64  # calls per group commit at most, so one group cannot grow forever
 
@@ -405,6 +456,12 @@ class SQLiteStore(QueueStore):
 
     P = "?"  # the placeholder for the shared reads in ReadQueries
     NOW_SQL = f"({_NOW_MS})"  # now as stored: integer ms since the epoch
+
+    def _bucket_sql(self, column: str) -> str:
+        return f"(({column} - ?) / ?)"  # integer ms: integer division is the bucket
+
+    def _stamp(self, iso: str) -> Any:
+        return C.parse_ms(iso)
 
     def __init__(
         self,

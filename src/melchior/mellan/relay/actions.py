@@ -1,0 +1,321 @@
+"""The control plane's changes, written once for every door onto them.
+
+The control API (JSON, :mod:`.control`) and the dashboard (forms, :mod:`.dashboard`) read
+their inputs each in their own way, then call these: the same validation, the same policy
+decisions (:func:`melchior.policy.grants.may_grant`, :mod:`melchior.policy.visibility`),
+the same audit records written in the transaction of the change (``record=``), and the
+same refusals — an :class:`~melchior.mellan.relay.http.ApiError` naming its rule, which
+each door renders its own way (a JSON error body, a message on the page).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from melchior.mellan.relay.auth import hash_token, parties_of, viewer_of
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.http import ApiError, actor, record, require_owner
+from melchior.mellan.relay.notify import receiver_topic, task_topic
+from melchior.mellan.relay.store.base import (
+    Agent,
+    Capability,
+    Conflict,
+    CredentialKind,
+    Grant,
+    Outcome,
+    Principal,
+    Record,
+    Task,
+)
+from melchior.policy.grants import may_grant
+from melchior.policy.visibility import Party, may_see_task
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}$")
+CAPABILITY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+ENROLL_TTL_DEFAULT = 15 * 60
+ENROLL_TTL_MAX = 7 * 24 * 3600
+CODE_PREFIX = "mlj_"
+MAX_DESCRIPTION = 2000
+"""Longest agent or capability description (characters); limits are in docs/mellan.md."""
+MAX_CAPABILITIES = 256
+"""Most capabilities one agent declares, or one grant names."""
+
+
+def is_owner(p: Principal) -> bool:
+    return p.kind is CredentialKind.OWNER
+
+
+def bad(reason: str, code: str = "bad-request") -> ApiError:
+    return ApiError(400, code, reason)
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not-found", f"no {what} visible to this credential")
+
+
+async def owner_only(relay: Relay, me: Principal, action: str) -> None:
+    """Refuse a non-owner, and record the refusal: an agent reaching for owner powers is a
+    decision worth an audit line."""
+    if is_owner(me):
+        return
+    await record(
+        relay, me.workspace, actor(me), action, me.subject, False, "owner-only",
+        "an agent credential asked for an owner-only operation",
+    )  # fmt: skip
+    require_owner(me)
+
+
+def may_see(me: Principal, task: Task | None, party: Party = "any") -> bool:
+    """The visibility rule every surface shares (:mod:`melchior.policy.visibility`)."""
+    if task is None:
+        return False
+    return may_see_task(viewer_of(me), parties_of(task), party=party).allowed
+
+
+# -- agents --------------------------------------------------------------------------------------
+
+
+def capabilities(raw: Any) -> list[Capability]:
+    """Declared capabilities from ids or ``{id, description}`` objects, each checked."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad("'capabilities' must be a list of ids or {id, description} objects")
+    if len(raw) > MAX_CAPABILITIES:
+        raise bad(f"an agent declares at most {MAX_CAPABILITIES} capabilities")
+    out: dict[str, Capability] = {}
+    for item in raw:
+        if isinstance(item, str):
+            cap = Capability(item)
+        elif isinstance(item, dict) and isinstance(item.get("id"), str):
+            desc = item.get("description", "")
+            if not isinstance(desc, str):
+                raise bad("a capability's description must be a string")
+            if len(desc) > MAX_DESCRIPTION:
+                raise bad(f"a capability's description is longer than {MAX_DESCRIPTION} characters")
+            cap = Capability(item["id"], desc)
+        else:
+            raise bad("each capability must be an id string or an {id, description} object")
+        if not CAPABILITY_ID.match(cap.id):
+            raise bad(
+                f"capability id {cap.id!r} is not valid: use letters, digits and . _ : / - "
+                "(at most 128), e.g. 'incident.inspect'"
+            )
+        if cap.id in out:
+            raise bad(f"capability {cap.id!r} is listed twice")
+        out[cap.id] = cap
+    return list(out.values())
+
+
+async def add_agent(
+    relay: Relay, me: Principal, agent_id: str, description: str, declared: Any
+) -> Agent:
+    """Add an agent with its declared capabilities (raw, as :func:`capabilities` reads)."""
+    await owner_only(relay, me, "agent.add")
+    if len(description) > MAX_DESCRIPTION:
+        raise bad(f"field 'description' is longer than {MAX_DESCRIPTION} characters")
+    if not AGENT_ID.match(agent_id):
+        raise bad(
+            f"agent id {agent_id!r} is not valid: one to four '/'-separated parts of letters, "
+            "digits and . _ - (e.g. 'local/codex', 'private/ops')"
+        )
+    caps = capabilities(declared)
+    existing = await relay.call(relay.store.get_agent, me.workspace, agent_id)
+    conflict = ApiError(
+        409,
+        "exists",
+        f"agent {agent_id!r} already exists in workspace {me.workspace!r}; ids are stable, "
+        "pick another id or keep using this one",
+    )
+    if existing is not None:
+        raise conflict
+    audit = Record(
+        actor(me), "agent.add", "owner",
+        f"added agent {agent_id} with {len(caps)} capabilit{'y' if len(caps) == 1 else 'ies'}",
+        {"capabilities": [c.id for c in caps]},
+    )  # fmt: skip
+    try:
+        return await relay.call(
+            relay.store.add_agent, me.workspace, agent_id, description, caps, record=audit
+        )
+    except Conflict:
+        raise conflict from None
+
+
+# -- enrollment ----------------------------------------------------------------------------------
+
+
+class Code(NamedTuple):
+    """A freshly minted enrollment code: shown once, stored only as its hash."""
+
+    code: str
+    agent: str
+    workspace: str
+    expires_at: str
+
+
+def plus_seconds(iso_now: str, seconds: int) -> str:
+    """``iso_now`` (the database clock) plus ``seconds``, in the store's own ISO form."""
+    dt = datetime.fromisoformat(iso_now.replace("Z", "+00:00")) + timedelta(seconds=seconds)
+    text = dt.isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z") if iso_now.endswith("Z") else text
+
+
+async def enroll(relay: Relay, me: Principal, agent_id: str, ttl: int) -> Code:
+    """Mint a one-time, expiring enrollment code for an agent; shown once, stored hashed."""
+    await owner_only(relay, me, "enrollment.add")
+    agent = await relay.call(relay.store.get_agent, me.workspace, agent_id)
+    if agent is None:
+        await record(
+            relay, me.workspace, actor(me), "enrollment.add", agent_id, False,
+            "unknown-agent", f"no agent {agent_id!r} to enroll",
+        )  # fmt: skip
+        raise ApiError(
+            404,
+            "not-found",
+            f"no agent {agent_id!r} in workspace {me.workspace!r}; add it first "
+            f"('mellan agent add {agent_id} --capability …')",
+        )
+    code = CODE_PREFIX + secrets.token_urlsafe(24)
+    now = await relay.call(relay.store.now)
+    expires_at = plus_seconds(now, ttl)
+    audit = Record(
+        actor(me), "enrollment.add", "owner",
+        f"one-time enrollment code for {agent_id}, valid until {expires_at}",
+        {"expires_at": expires_at},
+    )  # fmt: skip
+    await relay.call(
+        relay.store.add_enrollment,
+        me.workspace,
+        agent_id,
+        hash_token(code),
+        expires_at,
+        record=audit,
+    )
+    return Code(code, agent_id, me.workspace, expires_at)
+
+
+async def revoke_enrollment(relay: Relay, me: Principal, enrollment_id: str) -> None:
+    """Make a pending enrollment code unusable at once (it was never redeemed)."""
+    await owner_only(relay, me, "enrollment.revoke")
+    audit = Record(
+        actor(me), "enrollment.revoke", "owner",
+        "enrollment code revoked before it was used; it is refused from now on",
+        {"enrollment": enrollment_id},
+    )  # fmt: skip
+    if not await relay.call(
+        relay.store.revoke_enrollment, me.workspace, enrollment_id, record=audit
+    ):
+        raise ApiError(
+            404,
+            "not-found",
+            f"no pending enrollment code {enrollment_id!r} in this workspace (already used, "
+            "expired or revoked)",
+        )
+
+
+# -- grants --------------------------------------------------------------------------------------
+
+
+async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, caps: Any) -> Grant:
+    """Let ``caller`` invoke ``caps`` on ``receiver``, this direction only, as
+    :func:`melchior.policy.grants.may_grant` decides; refusals are audited."""
+    await owner_only(relay, me, "grant.add")
+    if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
+        raise bad("'capabilities' must be a non-empty list of capability ids")
+    if len(caps) > MAX_CAPABILITIES or any(len(c) > 128 for c in caps):
+        raise bad(
+            f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
+        )
+    caps = list(dict.fromkeys(caps))
+    detail = {"caller": caller, "receiver": receiver, "capabilities": caps}
+    caller_agent = await relay.call(relay.store.get_agent, me.workspace, caller)
+    receiver_agent = await relay.call(relay.store.get_agent, me.workspace, receiver)
+    decision = may_grant(
+        workspace=me.workspace,
+        caller=caller,
+        receiver=receiver,
+        capabilities=caps,
+        caller_exists=caller_agent is not None,
+        receiver_exists=receiver_agent is not None,
+        declared={c.id for c in receiver_agent.capabilities} if receiver_agent else set(),
+    )
+    if not decision:
+        await record(
+            relay, me.workspace, actor(me), "grant.add", f"{caller} -> {receiver}", False,
+            decision.rule, decision.reason, detail,
+        )  # fmt: skip
+        raise ApiError.of(404 if decision.rule == "unknown-agent" else 400, decision)
+    audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
+    return await relay.call(
+        relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
+    )
+
+
+async def revoke_grant(relay: Relay, me: Principal, grant_id: str) -> None:
+    await owner_only(relay, me, "grant.revoke")
+    audit = Record(
+        actor(me), "grant.revoke", "owner",
+        "grant revoked; new tasks on this route are refused from now on",
+    )  # fmt: skip
+    revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id, record=audit)
+    if not revoked:
+        await record(
+            relay, me.workspace, actor(me), "grant.revoke", grant_id, False, "not-found",
+            "no active grant with this id",
+        )  # fmt: skip
+        raise ApiError(
+            404,
+            "not-found",
+            f"no active grant {grant_id!r} in this workspace (already revoked, or a typo; "
+            "see 'mellan grant list')",
+        )
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+
+
+async def cancel_task(relay: Relay, me: Principal, task_id: str) -> tuple[Task, Outcome]:
+    """Cancel a queued task at once, or revoke a leased task's lease (the receiver's next
+    renew answers lease-lost, reason "cancelled"). Owners, and the task's caller, may."""
+    task = await relay.call(relay.store.get_task, me.workspace, task_id)
+    if not may_see(me, task, "caller"):
+        raise not_found(f"task {task_id!r}")
+    assert task is not None
+    rule = "owner" if is_owner(me) else "caller"
+    after, outcome = await relay.call(
+        relay.store.cancel, me.workspace, task_id, actor=actor(me), rule=rule
+    )  # audited by the store, allowed or refused, in the cancel's own transaction
+    if outcome is Outcome.NOT_FOUND or after is None:
+        raise not_found(f"task {task_id!r}")
+    if outcome is Outcome.LEASE_LOST:
+        reason = f"the task is already {after.state.value}; only queued or running tasks cancel"
+        raise ApiError(409, "not-cancelable", reason, {"outcome": outcome.value})
+    if outcome is Outcome.OK:
+        relay.notifier.publish(task_topic(task_id))
+        relay.notifier.publish(receiver_topic(me.workspace, task.receiver))
+    return after, outcome
+
+
+# -- credentials ---------------------------------------------------------------------------------
+
+
+async def revoke_credential(relay: Relay, me: Principal, credential_id: str) -> None:
+    """Revoke a credential at once. Owners may revoke any in their workspace; an agent only
+    its own (e.g. a machine being retired). A revoked owner credential also ends the
+    dashboard sessions it signed in."""
+    if not is_owner(me) and credential_id != me.credential_id:
+        raise not_found(f"credential {credential_id!r}")
+    audit = Record(
+        actor(me), "credential.revoke", "owner" if is_owner(me) else "self",
+        "credential revoked; it is refused from now on",
+    )  # fmt: skip
+    revoked = await relay.call(
+        relay.store.revoke_credential, me.workspace, credential_id, record=audit
+    )
+    relay.credentials.forget()  # refused at once here (other replicas: within their ttl)
+    if not revoked:
+        raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")

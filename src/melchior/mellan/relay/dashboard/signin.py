@@ -1,0 +1,75 @@
+"""Signing in and out of the dashboard (the pages anyone may reach)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from melchior.mellan.relay.dashboard import render, sessions
+from melchior.mellan.relay.dashboard.forms import Form, read_form
+from melchior.mellan.relay.dashboard.guard import relay_of, settings_of
+from melchior.mellan.relay.dashboard.sessions import Owner, Refused
+
+WHY = {
+    "unauthenticated": "Sign in with the workspace owner token to continue.",
+    "no-session": "That session has ended. Sign in again.",
+    "session-idle": "Your session was idle too long and has ended. Sign in again.",
+    "session-expired": "Your session reached its maximum lifetime. Sign in again.",
+    "credential-revoked": "The owner credential this session used was revoked. Sign in with "
+    "a live owner token.",
+    "signed-out": "You are signed out.",
+}
+"""Why the sign-in page is shown (fixed sentences, chosen by a rule name in the link)."""
+
+
+def _form(request: Request, *, status: int = 200, error: dict[str, str] | None = None) -> Response:
+    relay = relay_of(request)
+    token = sessions.signin_token(request, relay)
+    base = render.base_path(request)
+    response = render.page(
+        request,
+        "signin.html",
+        {
+            "why": WHY.get(request.query_params.get("why", ""), ""),
+            "next": sessions.safe_next(request.query_params.get("next"), base),
+            "signin_token": token,
+            "error": error,
+            "relay_url": relay.public_url,
+        },
+        status=status,
+    )
+    sessions.keep_signin_token(response, request, relay, token)
+    return response
+
+
+async def signin_page(request: Request) -> Response:
+    return _form(request)
+
+
+async def signin(request: Request) -> Response:
+    relay = relay_of(request)
+    sessions.check_origin(request, relay)
+    form: Form = await read_form(request, relay.body_deadline)
+    sessions.check_signin_form(request, relay, form.get(sessions.CSRF_FIELD))
+    try:
+        _, session_id = await sessions.sign_in(relay, settings_of(request), form.get("token"))
+    except Refused as exc:
+        said = {"rule": exc.decision.rule, "reason": exc.decision.reason}
+        return _form(request, status=exc.status, error=said)
+    base = render.base_path(request)
+    response = RedirectResponse(sessions.safe_next(form.get("next"), base), status_code=303)
+    sessions.keep_session(response, request, relay, settings_of(request), session_id)
+    return response
+
+
+async def signout(request: Request, owner: Owner, form: Form) -> Response:
+    relay = relay_of(request)
+    await sessions.sign_out(relay, owner)
+    where = f"{render.base_path(request)}/signin?why=signed-out"
+    response: Response
+    if "application/json" in request.headers.get("accept", ""):
+        response = JSONResponse({"ok": True, "location": where})
+    else:
+        response = RedirectResponse(where, status_code=303)
+    sessions.forget(response, request, relay)
+    return response
