@@ -181,6 +181,76 @@ class Verdict(NamedTuple):
 
 
 @dataclass(frozen=True)
+class NewPush:
+    """A push-notification config as a caller gave it (A2A ``TaskPushNotificationConfig``):
+    where to POST the task's changes, and how to authenticate to that endpoint. ``id``
+    None: the store names it."""
+
+    url: str
+    id: str | None = None
+    token: str | None = None
+    auth_scheme: str | None = None
+    auth_credentials: str | None = None
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    task_id: str
+    id: str
+    workspace: str
+    caller: str  # the agent whose task it is: its push secret signs the deliveries
+    url: str
+    token: str | None
+    auth_scheme: str | None
+    auth_credentials: str | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class PushMark:
+    """A task as one change left it: what a push delivery reports the difference between."""
+
+    state: TaskState
+    turn: int
+    seq: int  # the last event stored for the task by then (0: none)
+
+
+@dataclass(frozen=True)
+class PushDelivery:
+    """One outbox row leased for delivery (``id`` is the delivery id receivers dedupe by),
+    with what it takes to send it: the config, the mark it reports and the one before
+    (None: the config was made with the task, before its first state), how many of its
+    messages already went out, the signing secret and whether private addresses are allowed."""
+
+    id: int
+    config: PushConfig
+    mark: PushMark
+    before: PushMark | None
+    sent: int
+    attempts: int
+    created_at: str
+    secret: str
+    allow_private: bool
+
+
+@dataclass(frozen=True)
+class PushAttempt:
+    """An outbox row as the task's timeline shows it."""
+
+    id: int
+    config_id: str
+    state: TaskState
+    turn: int
+    upto_seq: int
+    created_at: str
+    attempts: int
+    sent: int
+    delivered_at: str | None
+    gave_up_at: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
 class NewTask:
     """A task as accepted at the door, before it is stored."""
 
@@ -198,6 +268,7 @@ class NewTask:
     path: tuple[str, ...] = ()
     max_attempts: int = 3
     accept: Record | None = None  # recorded (task.accept) when the task is created
+    push: NewPush | None = None  # a push config stored with the task (same transaction)
 
 
 @dataclass(frozen=True)
@@ -285,6 +356,7 @@ class FollowUp:
     hop: int
     path: tuple[str, ...]
     record: Record | None = None
+    push: NewPush | None = None  # a push config added with the answer (same transaction)
 
 
 @dataclass(frozen=True)
@@ -694,6 +766,85 @@ class Store(Protocol):
         """Tasks accepted and finished per bucket over the last ``buckets`` buckets (the
         window ends now), and how many are open now."""
         ...
+
+    # -- push notifications ---------------------------------------------------------------------
+    # Every change of a task with push configs has its outbox row, written in the change's
+    # own transaction by the schema (migrations v6). Deliverers on any replica lease the
+    # earliest undelivered row of each config — never a later one while an earlier one is
+    # pending, so each config hears of its task's changes in order — and report back.
+    def add_push_config(
+        self,
+        workspace: str,
+        task_id: str,
+        caller: str,
+        push: NewPush,
+        *,
+        limit: int = 10,
+        record: Record | None = None,
+    ) -> PushConfig:
+        """Store (or, for an ``id`` the task already has, replace) a config of a task; it
+        hears of changes made after this call. :class:`NotFoundError` for an unknown task,
+        :class:`Conflict` when the task already has ``limit`` configs."""
+        ...
+
+    def get_push_config(self, workspace: str, task_id: str, config_id: str) -> PushConfig | None:
+        ...
+
+    def list_push_configs(self, workspace: str, task_id: str) -> list[PushConfig]:
+        """A task's configs, oldest first."""
+        ...
+
+    def delete_push_config(
+        self, workspace: str, task_id: str, config_id: str, *, record: Record | None = None
+    ) -> bool:
+        """Delete a config and its undelivered outbox rows; True if it existed."""
+        ...
+
+    def pushes_due(self) -> bool:
+        """Is any outbox row due now? (A cheap read a deliverer polls before claiming.)"""
+        ...
+
+    def claim_pushes(self, owner: str, *, limit: int = 16, lease_seconds: float = 60.0) -> list[
+        PushDelivery
+    ]:
+        """Lease up to ``limit`` due rows, at most one per config and only its earliest
+        undelivered one. An agent without a push secret gets one minted here."""
+        ...
+
+    def push_sent(self, delivery_id: int, owner: str, sent: int) -> bool:
+        """``sent`` messages of a leased row are delivered (kept if the lease is lost);
+        False when ``owner`` no longer holds the row."""
+        ...
+
+    def push_delivered(self, delivery_id: int, owner: str) -> bool:
+        """The row is delivered: the config's next row may go."""
+        ...
+
+    def push_failed(
+        self, delivery_id: int, owner: str, error: str, *, retry_in: float | None
+    ) -> bool:
+        """An attempt failed: due again in ``retry_in`` seconds, or (None) given up on —
+        the config's next row may go."""
+        ...
+
+    def push_attempts(self, task_id: str) -> list[PushAttempt]:
+        """A task's outbox rows, in order (for its timeline)."""
+        ...
+
+    def push_secret(
+        self, workspace: str, agent: str, *, rotate: bool = False, record: Record | None = None
+    ) -> str | None:
+        """The secret ``agent``'s push deliveries are signed with (minted on first use; a
+        new one with ``rotate``). None for an unknown agent."""
+        ...
+
+    def push_allow_private(self, workspace: str) -> bool:
+        """May this workspace's pushes go to loopback, link-local and private addresses?"""
+        ...
+
+    def set_push_allow_private(
+        self, workspace: str, allowed: bool, *, record: Record | None = None
+    ) -> None: ...
 
     def sweep(self) -> int:
         """Settle expired leases: no attempts left → failed, else queued again (epoch bumped,

@@ -10,7 +10,10 @@ Invariants the schema itself holds, whatever the SQL above it gets wrong:
 - ``task_session_slot``: at most one task per (workspace, session_key) holds a lease
   or a cancel grace (``lease_expires_at IS NOT NULL``) — rule 3's hard edge;
 - ``task_dedupe``: one task per (workspace, caller, message_id);
-- the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only.
+- the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only;
+- ``push_on_state`` / ``push_on_event``: every change of a task's state or turn, and
+  every event stored for it, writes one ``push_outbox`` row per push config of that task,
+  in the transaction of the change — no statement can change a task and forget a push.
 """
 
 from __future__ import annotations
@@ -187,6 +190,71 @@ SQLITE: tuple[tuple[str, ...], ...] = (
            WHERE finished_at IS NOT NULL""",
         "CREATE INDEX task_open ON task (workspace, created_at) WHERE finished_at IS NULL",
     ),
+    # v6 — push notifications (A2A push configs): a task's configs, and the outbox of
+    # changes to deliver. The outbox is written by triggers, so that every change of a
+    # task with a config — whatever statement makes it — has its row in the same
+    # transaction; a row records the task as the change left it (state, turn, the last
+    # event), which is all the delivery needs to say what changed. Agents get the secret
+    # their pushes are signed with; a workspace may allow deliveries to private addresses.
+    (
+        "ALTER TABLE workspace ADD COLUMN push_allow_private INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agent ADD COLUMN push_secret TEXT",
+        """CREATE TABLE push_config (
+            task_id TEXT NOT NULL,
+            id TEXT NOT NULL,
+            workspace TEXT NOT NULL,
+            caller TEXT NOT NULL,
+            url TEXT NOT NULL,
+            token TEXT,
+            auth_scheme TEXT,
+            auth_credentials TEXT,
+            created_at INTEGER NOT NULL,
+            mark_state TEXT,
+            mark_turn INTEGER,
+            mark_seq INTEGER,
+            PRIMARY KEY (task_id, id)
+        ) STRICT""",
+        """CREATE TABLE push_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task_id TEXT NOT NULL,
+            config_id TEXT NOT NULL,
+            state TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            upto_seq INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            due_at INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            sent INTEGER NOT NULL DEFAULT 0,
+            leased_by TEXT,
+            leased_until INTEGER,
+            delivered_at INTEGER,
+            gave_up_at INTEGER,
+            last_error TEXT,
+            FOREIGN KEY (task_id, config_id) REFERENCES push_config (task_id, id)
+                ON DELETE CASCADE
+        ) STRICT""",
+        "CREATE INDEX push_outbox_config ON push_outbox (task_id, config_id, id)",
+        """CREATE INDEX push_outbox_due ON push_outbox (due_at)
+           WHERE delivered_at IS NULL AND gave_up_at IS NULL""",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task
+           WHEN NEW.state IS NOT OLD.state OR NEW.turn IS NOT OLD.turn
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq, created_at,
+                                      due_at)
+             SELECT NEW.id, c.id, NEW.state, NEW.turn,
+                    (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e WHERE e.task_id = NEW.id),
+                    NEW.updated_at, NEW.updated_at
+             FROM push_config c WHERE c.task_id = NEW.id;
+           END""",
+        """CREATE TRIGGER push_on_event AFTER INSERT ON task_event
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq, created_at,
+                                      due_at)
+             SELECT NEW.task_id, c.id, t.state, t.turn, NEW.seq, NEW.at, NEW.at
+             FROM push_config c JOIN task t ON t.id = c.task_id
+             WHERE c.task_id = NEW.task_id;
+           END""",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -362,6 +430,69 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         """CREATE INDEX task_finished ON task (workspace, finished_at)
            WHERE finished_at IS NOT NULL""",
         "CREATE INDEX task_open ON task (workspace, created_at) WHERE finished_at IS NULL",
+    ),
+    # v6 — push notifications (see the SQLite v6 for the why)
+    (
+        "ALTER TABLE workspace ADD COLUMN push_allow_private boolean NOT NULL DEFAULT false",
+        "ALTER TABLE agent ADD COLUMN push_secret text",
+        """CREATE TABLE push_config (
+            task_id text NOT NULL,
+            id text NOT NULL,
+            workspace text NOT NULL,
+            caller text NOT NULL,
+            url text NOT NULL,
+            token text,
+            auth_scheme text,
+            auth_credentials text,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            mark_state text,
+            mark_turn integer,
+            mark_seq bigint,
+            PRIMARY KEY (task_id, id)
+        )""",
+        """CREATE TABLE push_outbox (
+            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            task_id text NOT NULL,
+            config_id text NOT NULL,
+            state text NOT NULL,
+            turn integer NOT NULL,
+            upto_seq bigint NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            due_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            attempts integer NOT NULL DEFAULT 0,
+            sent integer NOT NULL DEFAULT 0,
+            leased_by text,
+            leased_until timestamptz,
+            delivered_at timestamptz,
+            gave_up_at timestamptz,
+            last_error text,
+            FOREIGN KEY (task_id, config_id) REFERENCES push_config (task_id, id)
+                ON DELETE CASCADE
+        )""",
+        "CREATE INDEX push_outbox_config ON push_outbox (task_id, config_id, id)",
+        """CREATE INDEX push_outbox_due ON push_outbox (due_at)
+           WHERE delivered_at IS NULL AND gave_up_at IS NULL""",
+        """CREATE FUNCTION push_on_state() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq)
+             SELECT NEW.id, c.id, NEW.state, NEW.turn,
+                    (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e WHERE e.task_id = NEW.id)
+             FROM push_config c WHERE c.task_id = NEW.id;
+             RETURN NULL;
+           END $$""",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task FOR EACH ROW
+           WHEN (NEW.state IS DISTINCT FROM OLD.state OR NEW.turn IS DISTINCT FROM OLD.turn)
+           EXECUTE FUNCTION push_on_state()""",
+        """CREATE FUNCTION push_on_event() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq)
+             SELECT NEW.task_id, c.id, t.state, t.turn, NEW.seq
+             FROM push_config c JOIN task t ON t.id = c.task_id
+             WHERE c.task_id = NEW.task_id;
+             RETURN NULL;
+           END $$""",
+        """CREATE TRIGGER push_on_event AFTER INSERT ON task_event FOR EACH ROW
+           EXECUTE FUNCTION push_on_event()""",
     ),
 )
 

@@ -35,6 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
+    NewPush,
     NewTask,
     StoreUnavailable,
     TaskState,
@@ -341,9 +342,12 @@ class _Tx:
         )
 
     def live_lease(self, task_id: str, epoch: int) -> Row | None:
+        """Locked for update, not share: two reports on one task (its events) take turns,
+        so their events' seqs — and push outbox rows — commit in the order they were
+        numbered, and a reader following ``seq`` never sees a later one before an earlier."""
         return self.one(
             "SELECT workspace FROM task WHERE id = %s AND lease_epoch = %s"
-            " AND state = 'leased' FOR SHARE",
+            " AND state = 'leased' FOR NO KEY UPDATE",
             (task_id, epoch),
         )
 
@@ -451,6 +455,144 @@ class _Tx:
             f"UPDATE enrollment SET expires_at = {_NOW} WHERE workspace = %s AND code_hash = %s"
             f" AND used_at IS NULL AND expires_at > {_NOW} RETURNING agent_id",
             (workspace, code_hash),
+        )
+
+    # -- push notifications (rules: store/outbox.py) ----------------------------------------
+    def task_mark(self, workspace: str, task_id: str) -> Row | None:
+        return self.one(
+            "SELECT state, turn, (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e"
+            " WHERE e.task_id = t.id) AS seq FROM task t WHERE t.workspace = %s AND t.id = %s"
+            " FOR NO KEY UPDATE",
+            (workspace, task_id),
+        )
+
+    def push_config_count(self, task_id: str) -> int:
+        row = self.one("SELECT COUNT(*) AS n FROM push_config WHERE task_id = %s", (task_id,))
+        return int(row["n"]) if row else 0
+
+    def push_config_exists(self, task_id: str, config_id: str) -> bool:
+        sql = "SELECT 1 AS x FROM push_config WHERE task_id = %s AND id = %s"
+        return self.one(sql, (task_id, config_id)) is not None
+
+    def upsert_push_config(
+        self, task_id: str, config_id: str, workspace: str, caller: str, push: NewPush,
+        mark: C.RowLike | None,
+    ) -> Row:  # fmt: skip
+        row = self.one(
+            "INSERT INTO push_config (task_id, id, workspace, caller, url, token, auth_scheme,"
+            " auth_credentials, created_at, mark_state, mark_turn, mark_seq)"
+            f" VALUES (%(task)s, %(id)s, %(ws)s, %(caller)s, %(url)s, %(token)s, %(scheme)s,"
+            f" %(creds)s, {_NOW}, %(mstate)s, %(mturn)s, %(mseq)s)"
+            " ON CONFLICT (task_id, id) DO UPDATE SET url = excluded.url, token = excluded.token,"
+            " auth_scheme = excluded.auth_scheme, auth_credentials = excluded.auth_credentials"
+            " RETURNING *",
+            {
+                "task": task_id, "id": config_id, "ws": workspace, "caller": caller,
+                "url": push.url, "token": push.token, "scheme": push.auth_scheme,
+                "creds": push.auth_credentials,
+                "mstate": None if mark is None else mark["state"],
+                "mturn": None if mark is None else mark["turn"],
+                "mseq": None if mark is None else mark["seq"],
+            },
+        )  # fmt: skip
+        assert row is not None
+        return row
+
+    def outbox_now(self, task_id: str, config_id: str) -> None:
+        self.run(
+            "INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq)"
+            " SELECT t.id, %s, t.state, t.turn, (SELECT COALESCE(MAX(e.seq), 0)"
+            " FROM task_event e WHERE e.task_id = t.id) FROM task t WHERE t.id = %s",
+            (config_id, task_id),
+        )
+
+    def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
+        sql = "DELETE FROM push_config WHERE workspace = %s AND task_id = %s AND id = %s"
+        return self.run(sql, (workspace, task_id, config_id)) == 1
+
+    def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[Row]:
+        """Candidates ``FOR UPDATE SKIP LOCKED``: deliverers on several replicas never wait
+        on each other nor take the same row."""
+        return self.all(
+            "WITH cand AS MATERIALIZED (SELECT o.id FROM push_outbox o"
+            "   WHERE o.delivered_at IS NULL AND o.gave_up_at IS NULL"
+            f"    AND o.due_at <= {_NOW}"
+            f"    AND (o.leased_until IS NULL OR o.leased_until <= {_NOW})"
+            "     AND NOT EXISTS (SELECT 1 FROM push_outbox p WHERE p.task_id = o.task_id"
+            "       AND p.config_id = o.config_id AND p.id < o.id"
+            "       AND p.delivered_at IS NULL AND p.gave_up_at IS NULL)"
+            "   ORDER BY o.due_at, o.id LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
+            f" UPDATE push_outbox o SET leased_by = %(owner)s,"
+            f" leased_until = {_NOW} + %(ttl)s {_MS}, attempts = o.attempts + 1"
+            " FROM cand WHERE o.id = cand.id RETURNING o.*",
+            {"owner": owner, "ttl": lease_ms, "n": limit},
+        )
+
+    def push_config_row(self, task_id: str, config_id: str) -> Row | None:
+        sql = "SELECT * FROM push_config WHERE task_id = %s AND id = %s"
+        return self.one(sql, (task_id, config_id))
+
+    def push_before(self, task_id: str, config_id: str, row_id: int) -> Row | None:
+        return self.one(
+            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = %s"
+            " AND config_id = %s AND id < %s ORDER BY id DESC LIMIT 1",
+            (task_id, config_id, row_id),
+        )
+
+    def agent_push_secret(
+        self, workspace: str, agent: str, fresh: str, replace: bool
+    ) -> str | None:
+        keep = "" if replace else " AND push_secret IS NULL"
+        self.run(
+            f"UPDATE agent SET push_secret = %s WHERE workspace = %s AND id = %s{keep}",
+            (fresh, workspace, agent),
+        )
+        row = self.one(
+            "SELECT push_secret FROM agent WHERE workspace = %s AND id = %s", (workspace, agent)
+        )
+        return None if row is None else str(row["push_secret"])
+
+    def workspace_push_private(self, workspace: str) -> bool:
+        row = self.one("SELECT push_allow_private FROM workspace WHERE name = %s", (workspace,))
+        return bool(row and row["push_allow_private"])
+
+    def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
+        sql = "UPDATE workspace SET push_allow_private = %s WHERE name = %s"
+        return self.run(sql, (allowed, workspace)) == 1
+
+    def push_sent(self, row_id: int, owner: str, sent: int) -> bool:
+        return (
+            self.run(
+                "UPDATE push_outbox SET sent = GREATEST(sent, %s) WHERE id = %s"
+                f" AND leased_by = %s AND leased_until > {_NOW} AND delivered_at IS NULL",
+                (sent, row_id, owner),
+            )
+            == 1
+        )
+
+    def push_delivered(self, row_id: int, owner: str) -> bool:
+        return (
+            self.run(
+                f"UPDATE push_outbox SET delivered_at = {_NOW}, leased_by = NULL,"
+                " leased_until = NULL, last_error = NULL WHERE id = %s AND leased_by = %s"
+                " AND delivered_at IS NULL AND gave_up_at IS NULL",
+                (row_id, owner),
+            )
+            == 1
+        )
+
+    def push_failed(self, row_id: int, owner: str, error: str, retry_ms: int | None) -> bool:
+        return (
+            self.run(
+                "UPDATE push_outbox SET leased_by = NULL, leased_until = NULL,"
+                " last_error = %(err)s, due_at = CASE WHEN %(retry)s::bigint IS NULL THEN due_at"
+                f"   ELSE {_NOW} + %(retry)s::bigint {_MS} END,"
+                f" gave_up_at = CASE WHEN %(retry)s::bigint IS NULL THEN {_NOW} END"
+                " WHERE id = %(id)s AND leased_by = %(owner)s AND delivered_at IS NULL"
+                " AND gave_up_at IS NULL",
+                {"err": error, "retry": retry_ms, "id": row_id, "owner": owner},
+            )
+            == 1
         )
 
 

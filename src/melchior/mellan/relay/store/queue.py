@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store._queries import ReadQueries
+from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.base import (
     Agent,
     Capability,
@@ -59,7 +60,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(Protocol):
+class Tx(PushTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -135,7 +136,7 @@ class Tx(Protocol):
     def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
-class QueueStore(ReadQueries):
+class QueueStore(ReadQueries, PushQueue):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle)."""
@@ -337,6 +338,11 @@ class QueueStore(ReadQueries):
                     tx.topics += [
                         receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
                     ]  # fmt: skip
+                    if task.push is not None:
+                        self._add_push(
+                            tx, task.workspace, row["id"], task.caller, task.push,
+                            PUSH_LIMIT, with_task=True,
+                        )  # fmt: skip
                     out.append((C.task_from_row(row), True))
                     continue
                 ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
@@ -383,6 +389,11 @@ class QueueStore(ReadQueries):
             ledger = (follow.workspace, follow.caller, follow.message_id, follow.task_id)
             if not tx.insert_messages([(*ledger, int(row["turn"]) + 1)])[0]:
                 return C.task_from_row(row), False
+            if follow.push is not None:  # before the turn goes on: it hears of that too
+                self._add_push(
+                    tx, follow.workspace, follow.task_id, follow.caller, follow.push,
+                    PUSH_LIMIT, with_task=False,
+                )  # fmt: skip
             tx.archive_turn(follow.task_id)
             path = C.json_list(follow.path)
             went = tx.next_turn(follow.task_id, follow.payload, follow.chain, follow.hop, path)

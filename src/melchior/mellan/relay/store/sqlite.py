@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
+    NewPush,
     NewTask,
     StoreError,
     StoreUnavailable,
@@ -427,6 +428,139 @@ class _Tx:
             "UPDATE enrollment SET expires_at = :now WHERE workspace = :ws AND code_hash = :h"
             " AND used_at IS NULL AND expires_at > :now RETURNING agent_id",
             {"now": self.now, "ws": workspace, "h": code_hash},
+        )
+
+    # -- push notifications (rules: store/outbox.py) ----------------------------------------
+    def task_mark(self, workspace: str, task_id: str) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT state, turn, (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e"
+            " WHERE e.task_id = t.id) AS seq FROM task t WHERE t.workspace = ? AND t.id = ?",
+            (workspace, task_id),
+        )
+
+    def push_config_count(self, task_id: str) -> int:
+        row = self.one("SELECT COUNT(*) AS n FROM push_config WHERE task_id = ?", (task_id,))
+        return int(row["n"]) if row else 0
+
+    def push_config_exists(self, task_id: str, config_id: str) -> bool:
+        sql = "SELECT 1 FROM push_config WHERE task_id = ? AND id = ?"
+        return self.one(sql, (task_id, config_id)) is not None
+
+    def upsert_push_config(
+        self, task_id: str, config_id: str, workspace: str, caller: str, push: NewPush,
+        mark: C.RowLike | None,
+    ) -> sqlite3.Row:  # fmt: skip
+        row = self.one(
+            "INSERT INTO push_config (task_id, id, workspace, caller, url, token, auth_scheme,"
+            " auth_credentials, created_at, mark_state, mark_turn, mark_seq)"
+            " VALUES (:task, :id, :ws, :caller, :url, :token, :scheme, :creds, :now,"
+            " :mstate, :mturn, :mseq)"
+            " ON CONFLICT (task_id, id) DO UPDATE SET url = excluded.url, token = excluded.token,"
+            " auth_scheme = excluded.auth_scheme, auth_credentials = excluded.auth_credentials"
+            " RETURNING *",
+            {
+                "task": task_id, "id": config_id, "ws": workspace, "caller": caller,
+                "url": push.url, "token": push.token, "scheme": push.auth_scheme,
+                "creds": push.auth_credentials, "now": self.now,
+                "mstate": None if mark is None else mark["state"],
+                "mturn": None if mark is None else mark["turn"],
+                "mseq": None if mark is None else mark["seq"],
+            },
+        )  # fmt: skip
+        assert row is not None
+        return row
+
+    def outbox_now(self, task_id: str, config_id: str) -> None:
+        self.run(
+            "INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq, created_at,"
+            " due_at) SELECT t.id, ?, t.state, t.turn, (SELECT COALESCE(MAX(e.seq), 0)"
+            " FROM task_event e WHERE e.task_id = t.id), ?, ? FROM task t WHERE t.id = ?",
+            (config_id, self.now, self.now, task_id),
+        )
+
+    def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
+        sql = "DELETE FROM push_config WHERE workspace = ? AND task_id = ? AND id = ?"
+        return self.run(sql, (workspace, task_id, config_id)) == 1
+
+    def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[sqlite3.Row]:
+        return self.all(
+            "UPDATE push_outbox SET leased_by = :owner, leased_until = :now + :ttl,"
+            " attempts = attempts + 1 WHERE id IN (SELECT o.id FROM push_outbox o"
+            "   WHERE o.delivered_at IS NULL AND o.gave_up_at IS NULL AND o.due_at <= :now"
+            "     AND (o.leased_until IS NULL OR o.leased_until <= :now)"
+            "     AND NOT EXISTS (SELECT 1 FROM push_outbox p WHERE p.task_id = o.task_id"
+            "       AND p.config_id = o.config_id AND p.id < o.id"
+            "       AND p.delivered_at IS NULL AND p.gave_up_at IS NULL)"
+            "   ORDER BY o.due_at, o.id LIMIT :n)"
+            " RETURNING *",
+            {"owner": owner, "now": self.now, "ttl": lease_ms, "n": limit},
+        )
+
+    def push_config_row(self, task_id: str, config_id: str) -> sqlite3.Row | None:
+        sql = "SELECT * FROM push_config WHERE task_id = ? AND id = ?"
+        return self.one(sql, (task_id, config_id))
+
+    def push_before(self, task_id: str, config_id: str, row_id: int) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = ? AND config_id = ?"
+            " AND id < ? ORDER BY id DESC LIMIT 1",
+            (task_id, config_id, row_id),
+        )
+
+    def agent_push_secret(
+        self, workspace: str, agent: str, fresh: str, replace: bool
+    ) -> str | None:
+        keep = "" if replace else " AND push_secret IS NULL"
+        self.run(
+            f"UPDATE agent SET push_secret = ? WHERE workspace = ? AND id = ?{keep}",
+            (fresh, workspace, agent),
+        )
+        row = self.one(
+            "SELECT push_secret FROM agent WHERE workspace = ? AND id = ?", (workspace, agent)
+        )
+        return None if row is None else str(row["push_secret"])
+
+    def workspace_push_private(self, workspace: str) -> bool:
+        row = self.one("SELECT push_allow_private FROM workspace WHERE name = ?", (workspace,))
+        return bool(row and row["push_allow_private"])
+
+    def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
+        sql = "UPDATE workspace SET push_allow_private = ? WHERE name = ?"
+        return self.run(sql, (int(allowed), workspace)) == 1
+
+    def push_sent(self, row_id: int, owner: str, sent: int) -> bool:
+        return (
+            self.run(
+                "UPDATE push_outbox SET sent = MAX(sent, :sent) WHERE id = :id"
+                " AND leased_by = :owner AND leased_until > :now AND delivered_at IS NULL",
+                {"sent": sent, "id": row_id, "owner": owner, "now": self.now},
+            )
+            == 1
+        )
+
+    def push_delivered(self, row_id: int, owner: str) -> bool:
+        return (
+            self.run(
+                "UPDATE push_outbox SET delivered_at = :now, leased_by = NULL,"
+                " leased_until = NULL, last_error = NULL WHERE id = :id AND leased_by = :owner"
+                " AND delivered_at IS NULL AND gave_up_at IS NULL",
+                {"id": row_id, "owner": owner, "now": self.now},
+            )
+            == 1
+        )
+
+    def push_failed(self, row_id: int, owner: str, error: str, retry_ms: int | None) -> bool:
+        return (
+            self.run(
+                "UPDATE push_outbox SET leased_by = NULL, leased_until = NULL,"
+                " last_error = :err, due_at = CASE WHEN :retry IS NULL THEN due_at"
+                "   ELSE :now + :retry END,"
+                " gave_up_at = CASE WHEN :retry IS NULL THEN :now END"
+                " WHERE id = :id AND leased_by = :owner AND delivered_at IS NULL"
+                " AND gave_up_at IS NULL",
+                {"err": error, "retry": retry_ms, "now": self.now, "id": row_id, "owner": owner},
+            )
+            == 1
         )
 
 
