@@ -107,7 +107,7 @@ def test_config_limits_replacement_and_deletion(store: Store) -> None:
 def test_deliveries_go_in_order_per_config_and_configs_go_independently(store: Store) -> None:
     a, _ = store.enqueue(new_task(push=NewPush(url="https://a/")))
     b, _ = store.enqueue(new_task(push=NewPush(url="https://b/"), message_id="m-b"))
-    tid, epoch = lease_one(store)  # task a leased: a second row for a's config
+    tid, _ = lease_one(store)  # task a leased: a second row for a's config
     assert tid == a.id
     assert store.pushes_due()
     first = store.claim_pushes("d1", limit=10)

@@ -787,8 +787,9 @@ class Store(Protocol):
         :class:`Conflict` when the task already has ``limit`` configs."""
         ...
 
-    def get_push_config(self, workspace: str, task_id: str, config_id: str) -> PushConfig | None:
-        ...
+    def get_push_config(
+        self, workspace: str, task_id: str, config_id: str
+    ) -> PushConfig | None: ...
 
     def list_push_configs(self, workspace: str, task_id: str) -> list[PushConfig]:
         """A task's configs, oldest first."""
@@ -804,9 +805,9 @@ class Store(Protocol):
         """Is any outbox row due now? (A cheap read a deliverer polls before claiming.)"""
         ...
 
-    def claim_pushes(self, owner: str, *, limit: int = 16, lease_seconds: float = 60.0) -> list[
-        PushDelivery
-    ]:
+    def claim_pushes(
+        self, owner: str, *, limit: int = 16, lease_seconds: float = 60.0
+    ) -> list[PushDelivery]:
         """Lease up to ``limit`` due rows, at most one per config and only its earliest
         undelivered one. An agent without a push secret gets one minted here."""
         ...

@@ -31,7 +31,6 @@ from typing import Any, Protocol, TypeVar
 from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store._queries import ReadQueries
-from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.base import (
     Agent,
     Capability,
@@ -50,6 +49,7 @@ from melchior.mellan.relay.store.base import (
     TaskState,
     Verdict,
 )
+from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 
 T = TypeVar("T")
 Row = C.RowLike
