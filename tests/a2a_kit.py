@@ -37,6 +37,7 @@ from melchior.mellan.relay.app import create_app
 from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
+from melchior.mellan.relay.push import Pusher
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Capability, CredentialKind, Store
 
@@ -50,7 +51,13 @@ CAPS = ("incident.inspect", "incident.fix")
 class Server:
     """One relay replica: the real app under uvicorn on 127.0.0.1, in a thread."""
 
-    def __init__(self, db_url: str, poll: float = 0.2, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        poll: float = 0.2,
+        notifier: Notifier | None = None,
+        push: dict[str, Any] | None = None,
+    ) -> None:
         self.notifier = notifier or LocalNotifier()
         self.store = open_store(db_url, publish=self.notifier.publish)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -63,6 +70,8 @@ class Server:
         self.relay = Relay(
             store=self.store, notifier=self.notifier, public_url=self.url, poll_interval=poll
         )
+        if push is not None:  # the push deliverer with a test's pace (see relay/push.py)
+            self.relay.pusher = Pusher(self.relay, **push)
         config = uvicorn.Config(
             create_app(self.relay), log_level="warning", lifespan="on", timeout_graceful_shutdown=1
         )
@@ -250,9 +259,9 @@ class Receiver:
 
 @contextlib.contextmanager
 def running(
-    db_url: str, *, receiver: bool = True
+    db_url: str, *, receiver: bool = True, push: dict[str, Any] | None = None
 ) -> Iterator[tuple[Server, World, Receiver | None]]:
-    server = Server(db_url)
+    server = Server(db_url, push=push)
     world = seed(server.store)
     rx = Receiver(server.url, world.tokens["receiver"]) if receiver else None
     try:

@@ -16,9 +16,13 @@ import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientCallContext, ClientConfig, create_client
 from a2a.types import (
+    AuthenticationInfo,
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
     GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     Message,
     Part,
@@ -32,7 +36,6 @@ from a2a.types import (
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import (
     InvalidParamsError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -133,7 +136,7 @@ def test_public_card_names_both_bindings_and_no_capabilities(relay: Any, binding
         assert len(card.skills) == 0
         assert card.capabilities.streaming
         assert card.capabilities.extended_agent_card
-        assert not card.capabilities.push_notifications
+        assert card.capabilities.push_notifications
         await client.close()
 
     run(go())
@@ -424,6 +427,66 @@ def test_list_pages_through_the_callers_tasks(relay: Any, binding: str) -> None:
     assert theirs == set()
 
 
+# -- push notifications --------------------------------------------------------------------
+
+
+def test_push_notifications_through_the_sdk(relay: Any, binding: str) -> None:
+    """A config given with the send (the SDK's ``task_push_notification_config``) hears the
+    task to its end at a real webhook; configs are then made, read, listed and deleted
+    with the SDK's own calls."""
+    from webhook_kit import Hook, Seen, ended, states
+
+    def first(seen: list[Seen]) -> list[Seen]:
+        return [r for r in seen if "?2" not in r.path]
+
+    server, world, _ = relay
+    server.store.set_push_allow_private(WS, True)
+    hook = Hook()
+
+    async def go() -> tuple[Any, Any, Any, Any]:
+        client = await client_for(server, world.tokens["caller"], binding)
+        auth = AuthenticationInfo(scheme="Bearer", credentials="hook-secret")
+        push = TaskPushNotificationConfig(url=hook.url, token="tok", authentication=auth)
+        config = SendMessageConfiguration(
+            return_immediately=True, task_push_notification_config=push
+        )
+        sent = await one(client.send_message(SendMessageRequest(message=msg("echo hi"),
+                                                                configuration=config)))  # fmt: skip
+        tid = sent.task.id
+        made = await client.create_task_push_notification_config(
+            TaskPushNotificationConfig(task_id=tid, id="second", url=hook.url + "?2")
+        )
+        got = await client.get_task_push_notification_config(
+            GetTaskPushNotificationConfigRequest(task_id=tid, id="second")
+        )
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=tid)
+        )
+        await client.delete_task_push_notification_config(
+            DeleteTaskPushNotificationConfigRequest(task_id=tid, id="second")
+        )
+        after = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=tid)
+        )
+        await client.close()
+        return made, got, listed, after
+
+    try:
+        made, got, listed, after = run(go())
+        # the first config's deliveries (the second one may have heard a state or two
+        # before it was deleted; it carries no authentication)
+        seen = first(hook.wait_for(lambda s: ended(first(s))))
+    finally:
+        hook.close()
+    assert (made.id, made.url, got.url) == ("second", hook.url + "?2", hook.url + "?2")
+    assert len(listed.configs) == 2
+    assert [c.id for c in after.configs] == [listed.configs[0].id]
+    assert listed.configs[0].authentication.scheme == "Bearer"
+    assert listed.configs[0].authentication.credentials == ""  # write-only
+    assert states(seen)[-1] == "TASK_STATE_COMPLETED"
+    assert all(r.headers["authorization"] == "Bearer hook-secret" for r in seen)
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 
@@ -434,7 +497,7 @@ def test_error_classes_map_to_sdk_exceptions(relay: Any, binding: str) -> None:
         client = await client_for(server, world.tokens["caller"], binding)
         with pytest.raises(TaskNotFoundError):
             await client.get_task(GetTaskRequest(id="no-such-task"))
-        with pytest.raises(PushNotificationNotSupportedError):
+        with pytest.raises(TaskNotFoundError):
             await client.create_task_push_notification_config(
                 TaskPushNotificationConfig(task_id="t", url="https://example.com/hook")
             )

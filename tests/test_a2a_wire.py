@@ -104,20 +104,29 @@ def test_rest_unknown_path_and_method(relay: tuple[Server, World]) -> None:
     r = httpx.get(f"{server.base()}/message:send", headers=auth(world))
     assert r.status_code == 404
     assert r.json()["error"]["details"][0]["reason"] == "METHOD_NOT_FOUND"
+    # push configs of a task that is not there (or not the caller's): as for the task
     r = httpx.delete(f"{server.base()}/tasks/x/pushNotificationConfigs/c", headers=auth(world))
-    assert r.status_code == 400
-    assert r.json()["error"]["details"][0]["reason"] == "PUSH_NOTIFICATION_NOT_SUPPORTED"
+    assert r.status_code == 404
+    assert r.json()["error"]["details"][0]["reason"] == "TASK_NOT_FOUND"
+    r = httpx.put(f"{server.base()}/tasks/x/pushNotificationConfigs/c", headers=auth(world))
+    assert r.status_code == 404
+    assert r.json()["error"]["details"][0]["reason"] == "METHOD_NOT_FOUND"
+    # a push URL the workspace may not use is refused at the door, naming the rule
     r = post(
         f"{server.base()}/message:send",
         json.dumps(
             {
                 "message": message("echo"),
-                "configuration": {"taskPushNotificationConfig": {"url": "https://x"}},
+                "configuration": {"taskPushNotificationConfig": {"url": "http://10.0.0.1/h"}},
             }
         ).encode(),
         auth(world),
     )
-    assert r.json()["error"]["details"][0]["reason"] == "PUSH_NOTIFICATION_NOT_SUPPORTED"
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["details"][0]["reason"] == "INVALID_PARAMS"
+    assert error["details"][0]["metadata"]["rule"] == "plain-http"
+    assert "configuration.taskPushNotificationConfig.url" in error["message"]
 
 
 def test_invalid_message_names_the_field(relay: tuple[Server, World]) -> None:

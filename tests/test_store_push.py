@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from melchior.mellan.relay.notify import PUSH_TOPIC
 from melchior.mellan.relay.store.base import (
     Conflict,
     FollowUp,
@@ -17,7 +18,6 @@ from melchior.mellan.relay.store.base import (
     Store,
     TaskState,
 )
-from melchior.mellan.relay.store.outbox import PUSH_TOPIC
 from storekit import CALLER, RECEIVER, WS, db_url_fixture, new_task, store_fixture  # noqa: F401
 
 HOOK = NewPush(url="https://hooks.example/t", token="tok", auth_scheme="Bearer",
@@ -115,7 +115,7 @@ def test_deliveries_go_in_order_per_config_and_configs_go_independently(store: S
     assert sorted((d.config.task_id, d.mark.state) for d in first) == sorted(
         [(a.id, TaskState.QUEUED), (b.id, TaskState.QUEUED)]
     )
-    assert all(d.before is None and d.attempts == 1 and d.sent == 0 for d in first)
+    assert all(d.before is None and d.attempts == 0 and d.sent == 0 for d in first)
     assert store.claim_pushes("d2", limit=10) == []  # all leased or waiting their turn
     da = next(d for d in first if d.config.task_id == a.id)
     assert store.push_sent(da.id, "d1", 1)
@@ -152,13 +152,25 @@ def test_failures_retry_later_or_give_up_and_the_next_row_goes(store: Store) -> 
     assert gone.gave_up_at is not None
 
 
+def test_a_row_handed_back_unsent_counts_no_attempt(store: Store) -> None:
+    task, _ = store.enqueue(new_task(push=NewPush(url="https://a/")))
+    (d,) = store.claim_pushes("d1")
+    assert store.push_failed(d.id, "d1", "waiting: host busy", retry_in=0, counted=False)
+    (again,) = store.claim_pushes("d1")
+    assert (again.id, again.attempts) == (d.id, 0)
+    assert store.push_delivered(again.id, "d1")
+    (row,) = store.push_attempts(task.id)
+    assert row.attempts == 1
+    assert row.delivered_at is not None
+
+
 def test_a_lapsed_lease_is_due_again_and_fences_the_old_holder(store: Store) -> None:
     store.enqueue(new_task(push=NewPush(url="https://a/")))
     (d,) = store.claim_pushes("d1", lease_seconds=0.05)
     time.sleep(0.1)
     (again,) = store.claim_pushes("d2")
     assert again.id == d.id
-    assert again.attempts == 2
+    assert again.attempts == 0  # a lapsed lease reported nothing: no attempt counted
     assert not store.push_delivered(d.id, "d1")  # d1 lost it
     assert store.push_delivered(d.id, "d2")
     assert not store.pushes_due()
@@ -216,5 +228,56 @@ def test_a_commit_with_outbox_rows_wakes_the_deliverer(db_url: str) -> None:
         seed(s)
         s.enqueue(new_task(push=NewPush(url="https://a/")))
         assert PUSH_TOPIC in topics
+    finally:
+        s.close()
+
+
+@pytest.mark.postgres
+def test_a_config_deleted_while_a_report_is_written_drops_its_row_not_the_report(
+    pg_url: str,
+) -> None:
+    """A config deleted by one transaction while another writes an event of its task: the
+    event's trigger must skip the vanishing config, not fail the report on its foreign key."""
+    import threading
+
+    import psycopg
+
+    from melchior.mellan.relay.store import open_store
+    from storekit import seed
+
+    db_url = pg_url  # SQLite has one writer at a time: the race cannot happen there
+    s = open_store(db_url)
+    try:
+        seed(s)
+        task, _ = s.enqueue(new_task())
+        config = s.add_push_config(WS, task.id, CALLER, HOOK)
+        tid, epoch = lease_one(s)
+        with psycopg.connect(db_url) as deleter:
+            deleter.execute("DELETE FROM push_config WHERE id = %s", (config.id,))  # not committed
+            outcome: list[object] = []
+
+            def report() -> None:
+                try:
+                    outcome.append(s.progress(tid, epoch, "status", '{"message": {}}'))
+                except Exception as exc:  # the failure this test exists for
+                    outcome.append(exc)
+
+            writer = threading.Thread(target=report)
+            writer.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and writer.is_alive():
+                waiting = deleter.execute(  # the report is blocked on the deleter's lock
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.02)
+            deleter.commit()
+            writer.join(30)
+        (result,) = outcome
+        assert not isinstance(result, Exception), result
+        assert s.list_push_configs(WS, task.id) == []
+        assert s.push_attempts(task.id) == []
     finally:
         s.close()

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "task": ("melchior.mellan.commands.task", "list, show and cancel tasks"),
     "send": ("melchior.mellan.commands.send", "send an A2A task as a calling agent"),
     "credential": ("melchior.mellan.commands.credential", "revoke a credential"),
+    "push": ("melchior.mellan.commands.push", "push notifications: signing secret, private hosts"),
 }
 
 

@@ -319,3 +319,37 @@ async def revoke_credential(relay: Relay, me: Principal, credential_id: str) -> 
     relay.credentials.forget()  # refused at once here (other replicas: within their ttl)
     if not revoked:
         raise ApiError(404, "not-found", f"no live credential {credential_id!r} in this workspace")
+
+
+# -- push notifications --------------------------------------------------------------------------
+
+
+async def push_secret(relay: Relay, me: Principal, agent: str | None, rotate: bool) -> str:
+    """The secret an agent's push deliveries are signed with (its webhooks verify with it):
+    an agent reads or rotates its own, an owner any agent's. Rotating is audited; the old
+    secret stops signing at once."""
+    subject = agent or me.subject
+    if is_owner(me):
+        if agent is None:
+            raise bad("name the agent whose push secret you want (field 'agent')")
+    elif subject != me.subject:
+        raise not_found(f"agent {subject!r}")
+    audit = Record(
+        actor(me), "push.rotate_secret", "owner" if is_owner(me) else "self",
+        "the push signing secret was replaced; deliveries are signed with the new one",
+    )  # fmt: skip
+    secret = await relay.call(
+        relay.store.push_secret, me.workspace, subject, rotate=rotate, record=audit
+    )
+    if secret is None:
+        raise not_found(f"agent {subject!r}")
+    return secret
+
+
+async def set_push_private(relay: Relay, me: Principal, allowed: bool) -> None:
+    """Owner only: may this workspace's push deliveries go to loopback, link-local and
+    private addresses (:mod:`melchior.policy.outbound`)? Audited."""
+    await owner_only(relay, me, "push.settings")
+    why = "push deliveries may reach private addresses" if allowed else "public addresses only"
+    audit = Record(actor(me), "push.settings", "owner", why, {"allow_private": allowed})
+    await relay.call(relay.store.set_push_allow_private, me.workspace, allowed, record=audit)

@@ -86,8 +86,8 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     own refusals — ``/api`` (control and receiver APIs: ``{"error": {code, reason,
     rule}}``), ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) and ``/ui`` (the
     owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
-    lifespan owns every background task of the replica (lease sweeper, accept batcher) in
-    one task group, and awaits them on the way out."""
+    lifespan owns every background task of the replica (lease sweeper, accept batcher,
+    push deliverer) in one task group, and awaits them on the way out."""
     from melchior.mellan.relay import a2a, control, receiver_api
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
@@ -100,12 +100,16 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        from melchior.mellan.relay.push import Pusher
+
         await relay.notifier.start()
         try:
             async with asyncio.TaskGroup() as tasks:
+                relay.pusher = relay.pusher or Pusher(relay)
                 owned = [
                     tasks.create_task(sweep_leases(relay), name="mellan-lease-sweeper"),
                     relay.batcher.start(tasks),
+                    relay.pusher.start(tasks),
                 ]
                 try:
                     yield

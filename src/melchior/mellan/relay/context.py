@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
@@ -16,6 +16,9 @@ from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store
+
+if TYPE_CHECKING:
+    from melchior.mellan.relay.push import Pusher
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -38,6 +41,9 @@ class Relay:
     instead of holding the graceful shutdown open until their ``wait`` runs out."""
     batcher: Batcher = field(init=False, repr=False)
     """Group commit of accepted sends; its consumer is run by the app's lifespan."""
+    pusher: Pusher | None = field(default=None, repr=False)
+    """The replica's push-notification deliverer (made and run by the app's lifespan
+    unless one is given, e.g. with a test's resolver)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
 

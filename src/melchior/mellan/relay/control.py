@@ -40,6 +40,7 @@ from melchior.mellan.relay.http import (
     ApiError,
     authenticate,
     event_view,
+    field_bool,
     field_int,
     field_str,
     query_int,
@@ -391,6 +392,31 @@ async def revoke_credential(request: Request) -> Response:
     return JSON({"outcome": "ok", "id": credential_id, "revoked": True})
 
 
+async def push_secret(request: Request) -> Response:
+    """``GET`` reads, ``POST …/rotate`` replaces the secret push deliveries are signed with:
+    an agent its own, an owner any agent's (``?agent=`` / ``{"agent": …}``)."""
+    relay, me = await _who(request)
+    rotate = request.url.path.endswith("/rotate")
+    if rotate:
+        body = await read_object(request, relay)
+        agent = field_str(body, "agent", required=False) or None
+    else:
+        agent = request.query_params.get("agent") or None
+    secret = await actions.push_secret(relay, me, agent, rotate)
+    return JSON({"agent": agent or me.subject, "secret": secret, "rotated": rotate})
+
+
+async def push_settings(request: Request) -> Response:
+    """``GET`` shows, ``PUT`` (owner) sets the workspace's push settings."""
+    relay, me = await _who(request)
+    if request.method == "PUT":
+        body = await read_object(request, relay)
+        allowed = field_bool(body, "allow_private", False)
+        await actions.set_push_private(relay, me, allowed)
+    allowed = await relay.call(relay.store.push_allow_private, me.workspace)
+    return JSON({"workspace": me.workspace, "allow_private": allowed})
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/whoami", whoami, methods=["GET"]),
@@ -411,4 +437,7 @@ def routes() -> list[BaseRoute]:
         Route("/tasks/{task_id}/cancel", cancel_task, methods=["POST"]),
         Route("/credentials/{credential_id}", revoke_credential, methods=["DELETE"]),
         Route("/credentials/{credential_id}/revoke", revoke_credential, methods=["POST"]),
+        Route("/push/secret", push_secret, methods=["GET"]),
+        Route("/push/secret/rotate", push_secret, methods=["POST"]),
+        Route("/push/settings", push_settings, methods=["GET", "PUT"]),
     ]

@@ -22,6 +22,11 @@ def task_topic(task_id: str) -> str:
     return f"task:{task_id}"
 
 
+PUSH_TOPIC = "push"
+"""Woken after any commit that changed a task (whose push configs, if any, got outbox rows
+in that commit) or made a push row due: the replica's deliverer looks at the outbox."""
+
+
 def audit_topic(workspace: str) -> str:
     """Woken whenever a workspace's audit log grows (``mellan audit --follow`` waits here)."""
     return f"audit:{workspace}"

@@ -29,6 +29,7 @@ from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.store.base import (
     FollowUp,
+    NewPush,
     NewTask,
     Record,
     Store,
@@ -38,6 +39,7 @@ from melchior.mellan.relay.store.base import (
     TaskState,
 )
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
+from melchior.policy.outbound import check_url
 
 HOP_KEYS = ("chain", "hop")
 REFUSED_QUIETLY = frozenset({"unknown-agent", "unknown-capability", "no-grant", "other-workspace"})
@@ -162,6 +164,11 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
     except HopLimit as exc:
         _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
+    if req.push is not None:
+        check_push(
+            store, target.workspace, req.push, "configuration.taskPushNotificationConfig.url"
+        )
+        detail["push"] = True
     payload = jsontext.dumps(req.message)
     detail = {**detail, "capability": capability, "hop": chain.hop}
     if previous is not None:  # the caller answers a task that asked for input
@@ -176,6 +183,7 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
             hop=chain.hop,
             path=chain.path,
             record=Record(caller.actor, "task.continue", decision.rule, decision.reason, detail),
+            push=req.push,
         )
     context_id = context_id or uuid.uuid4().hex
     accepted = Record(caller.actor, "task.accept", decision.rule, decision.reason, detail)
@@ -193,7 +201,20 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
         hop=chain.hop,
         path=chain.path,
         accept=accepted,
+        push=req.push,
     )
+
+
+def check_push(store: Store, workspace: str, push: NewPush, name: str) -> None:
+    """Refuse, naming the field and the rule, a URL the workspace may not push to (before
+    anything is stored; checked again after DNS at each delivery)."""
+    verdict = check_url(push.url, allow_private=store.push_allow_private(workspace))
+    if not verdict.allowed:
+        raise InvalidParams(
+            f"{name}: {verdict.reason}",
+            violations=[(name, verdict.reason)],
+            metadata={"rule": verdict.rule},
+        )
 
 
 def settle(store: Store, lost: StoreUnavailable, new: NewTask) -> Task:

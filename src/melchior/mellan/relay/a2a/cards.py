@@ -41,7 +41,7 @@ def _base_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
         ],
         "capabilities": {
             "streaming": True,
-            "pushNotifications": False,
+            "pushNotifications": True,
             "extendedAgentCard": True,
             "extensions": [hops.EXTENSION],
         },

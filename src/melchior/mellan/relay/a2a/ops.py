@@ -12,23 +12,14 @@ from typing import Any
 
 from starlette.requests import Request
 
-from melchior.mellan.relay.a2a import cards, listing, requests, tasks
+from melchior.mellan.relay.a2a import cards, listing, pushconfigs, requests, tasks
 from melchior.mellan.relay.a2a.access import Caller
-from melchior.mellan.relay.a2a.errors import PushNotificationNotSupported
 from melchior.mellan.relay.context import Relay
 
 Result = dict[str, Any] | AsyncIterator[dict[str, Any]]
 Op = Callable[[Relay, Caller, Any, Request], Awaitable[Result]]
 
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
-PUSH_CONFIG = frozenset(
-    {
-        "CreateTaskPushNotificationConfig",
-        "GetTaskPushNotificationConfig",
-        "ListTaskPushNotificationConfigs",
-        "DeleteTaskPushNotificationConfig",
-    }
-)
 
 
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
@@ -65,10 +56,20 @@ async def extended_card(relay: Relay, caller: Caller, params: Any, request: Requ
     return cards.extended_card(relay.public_url, caller, seen.agent, seen.capabilities)
 
 
-async def push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
-    raise PushNotificationNotSupported(
-        "push notifications are not implemented by this relay; stream, subscribe or poll"
-    )
+async def create_push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await pushconfigs.create(relay, caller, params)
+
+
+async def get_push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await pushconfigs.get(relay, caller, params)
+
+
+async def list_push_configs(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await pushconfigs.list_configs(relay, caller, params)
+
+
+async def delete_push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
+    return await pushconfigs.delete(relay, caller, params)
 
 
 OPERATIONS: dict[str, Op] = {
@@ -79,5 +80,8 @@ OPERATIONS: dict[str, Op] = {
     "CancelTask": cancel_task,
     "SubscribeToTask": subscribe_to_task,
     "GetExtendedAgentCard": extended_card,
-    **dict.fromkeys(PUSH_CONFIG, push_config),
+    "CreateTaskPushNotificationConfig": create_push_config,
+    "GetTaskPushNotificationConfig": get_push_config,
+    "ListTaskPushNotificationConfigs": list_push_configs,
+    "DeleteTaskPushNotificationConfig": delete_push_config,
 }

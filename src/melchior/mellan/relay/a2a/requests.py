@@ -15,8 +15,10 @@ from decimal import Decimal
 from typing import Any
 
 from melchior.mellan.rawjson import whole
-from melchior.mellan.relay.a2a.errors import InvalidParams, PushNotificationNotSupported
+from melchior.mellan.relay.a2a.errors import InvalidParams
 from melchior.mellan.relay.a2a.timefmt import parse_ts
+from melchior.mellan.relay.store.base import NewPush
+from melchior.policy.outbound import MAX_URL
 
 PART_KINDS = ("text", "raw", "url", "data")
 TASK_STATES = (
@@ -38,6 +40,8 @@ MAX_PARTS = 512
 """Most parts one message may carry."""
 MAX_LIST = 64
 """Most entries in ``extensions``, ``referenceTaskIds`` and ``acceptedOutputModes``."""
+MAX_SECRET = 4096
+"""Longest push ``token``, authentication ``scheme`` or ``credentials``."""
 
 
 # -- ProtoJSON names: every field in lowerCamelCase or in the proto's snake_case ------------------
@@ -50,6 +54,7 @@ _SNAKE = (
 )  # fmt: skip
 CAMEL = {s: s.split("_")[0] + "".join(w.title() for w in s.split("_")[1:]) for s in _SNAKE}
 """The proto's snake_case field names and their ProtoJSON lowerCamelCase ``json_name``."""
+SNAKE_OF = {c: s for s, c in CAMEL.items()}
 
 
 def camel(obj: dict[str, Any], name: str) -> dict[str, Any]:
@@ -210,6 +215,7 @@ class SendRequest:
     return_immediately: bool = False
     history_length: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    push: NewPush | None = None
 
     @property
     def task_id(self) -> str | None:
@@ -226,13 +232,84 @@ def parse_send(params: Any) -> SendRequest:
     p = camel(_obj(params, "params"), "params")
     message = check_message(p.get("message"))
     config = camel(_opt_obj(p, "configuration", "configuration") or {}, "configuration")
-    if config.get("taskPushNotificationConfig"):
-        raise PushNotificationNotSupported()
     ret = opt_bool(config.get("returnImmediately"), "configuration.returnImmediately")
     hist = opt_int(config.get("historyLength"), "configuration.historyLength")
     _str_list(config, "acceptedOutputModes", "configuration.acceptedOutputModes")
     metadata = _opt_obj(p, "metadata", "metadata") or {}
-    return SendRequest(message, bool(ret), hist, metadata)
+    push = None
+    if config.get("taskPushNotificationConfig"):
+        name = "configuration.taskPushNotificationConfig"
+        push = push_config(config["taskPushNotificationConfig"], name)
+    return SendRequest(message, bool(ret), hist, metadata, push)
+
+
+def _bounded(parent: Mapping[str, Any], key: str, name: str, most: int) -> str | None:
+    value = _opt_str(parent, key, name)
+    if value is not None and len(value) > most:
+        raise _bad(name, f"must be at most {most} characters, got {len(value)}")
+    return value or None
+
+
+def push_config(value: Any, name: str) -> NewPush:
+    """A ``TaskPushNotificationConfig``'s endpoint and authentication (its ``taskId`` is
+    read by the operation). Whether the URL may be used is the policy's to say
+    (:func:`melchior.policy.outbound.check_url`), with the workspace's setting."""
+    c = camel(_obj(value, name), name)
+    url = _bounded(c, "url", f"{name}.url", MAX_URL)
+    if url is None:
+        raise _bad(f"{name}.url", "is required: where to POST the task's changes")
+    auth = _opt_obj(c, "authentication", f"{name}.authentication") or {}
+    scheme = _bounded(auth, "scheme", f"{name}.authentication.scheme", MAX_SECRET)
+    creds = _bounded(auth, "credentials", f"{name}.authentication.credentials", MAX_SECRET)
+    if creds is not None and scheme is None:
+        raise _bad(f"{name}.authentication.scheme", "is required with credentials (e.g. Bearer)")
+    if scheme is not None and not all(33 <= ord(ch) < 127 for ch in scheme):
+        raise _bad(f"{name}.authentication.scheme", "must be a single printable ASCII word")
+    for field_name, text in (("token", c.get("token")), ("authentication.credentials", creds)):
+        if isinstance(text, str) and any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+            raise _bad(f"{name}.{field_name}", "must not contain control characters")
+    return NewPush(
+        url=url,
+        id=_bounded_id(c, "id", f"{name}.id") or None,
+        token=_bounded(c, "token", f"{name}.token", MAX_SECRET),
+        auth_scheme=scheme,
+        auth_credentials=creds,
+    )
+
+
+@dataclass(frozen=True)
+class PushRef:
+    task_id: str
+    id: str
+
+
+def _task_id(p: Mapping[str, Any]) -> str:
+    tid = p.get("taskId")
+    if not isinstance(tid, str) or not tid:
+        raise _bad("taskId", "is required and must be a non-empty string")
+    if len(tid) > MAX_ID:
+        raise _bad("taskId", f"must be at most {MAX_ID} characters, got {len(tid)}")
+    return tid
+
+
+def parse_push_create(params: Any) -> tuple[str, NewPush]:
+    """``CreateTaskPushNotificationConfig``: the config itself, naming its task."""
+    p = camel(_obj(params, "params"), "params")
+    return _task_id(p), push_config(p, "params")
+
+
+def parse_push_ref(params: Any) -> PushRef:
+    p = camel(_obj(params, "params"), "params")
+    cid = _bounded_id(p, "id", "id")
+    if not cid:
+        raise _bad("id", "is required: the push notification config's id")
+    return PushRef(_task_id(p), cid)
+
+
+def parse_push_list(params: Any) -> tuple[str, int, str | None]:
+    p = camel(_obj(params, "params"), "params")
+    size = opt_int(p.get("pageSize"), "pageSize", maximum=MAX_PAGE_SIZE)
+    return _task_id(p), size or DEFAULT_PAGE_SIZE, _bounded_id(p, "pageToken", "pageToken") or None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 ``POST message:send|message:stream``, ``GET tasks``, ``GET tasks/{id}``,
 ``POST tasks/{id}:cancel``, ``GET|POST tasks/{id}:subscribe`` (the spec text says
-POST, the proto GET; clients use both), ``GET extendedAgentCard`` and the
-push-notification config paths, which answer PushNotificationNotSupported. Errors are
+POST, the proto GET; clients use both), ``GET extendedAgentCard``, and a task's
+push-notification configs: ``POST|GET tasks/{id}/pushNotificationConfigs`` (create,
+list), ``GET|DELETE tasks/{id}/pushNotificationConfigs/{configId}``. Errors are
 ``google.rpc.Status`` bodies with an ``ErrorInfo`` detail.
 """
 
@@ -17,9 +18,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from melchior.mellan.relay.a2a import cards, http, jsontext, sse
+from melchior.mellan.relay.a2a import cards, http, jsontext, requests, sse
 from melchior.mellan.relay.a2a.access import authenticate
-from melchior.mellan.relay.a2a.errors import A2AError, MethodNotFound, Unauthenticated, translate
+from melchior.mellan.relay.a2a.errors import (
+    A2AError,
+    InvalidParams,
+    MethodNotFound,
+    Unauthenticated,
+    translate,
+)
 from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING
 from melchior.mellan.relay.a2a.paths import Target
 from melchior.mellan.relay.context import Relay
@@ -51,8 +58,17 @@ def route(method: str, rest: tuple[str, ...]) -> tuple[str, dict[str, Any], bool
         return "ListTasks", {}, False
     if len(rest) >= 2 and rest[0] == "tasks":
         head = rest[1]
-        if len(rest) >= 3 and rest[2] == "pushNotificationConfigs":
-            return "CreateTaskPushNotificationConfig", {"taskId": head}, False
+        if len(rest) == 3 and rest[2] == "pushNotificationConfigs":
+            if method == "POST":
+                return "CreateTaskPushNotificationConfig", {"taskId": head}, True
+            if method == "GET":
+                return "ListTaskPushNotificationConfigs", {"taskId": head}, False
+        if len(rest) == 4 and rest[2] == "pushNotificationConfigs":
+            ref = {"taskId": head, "id": rest[3]}
+            if method == "GET":
+                return "GetTaskPushNotificationConfig", ref, False
+            if method == "DELETE":
+                return "DeleteTaskPushNotificationConfig", ref, False
         if len(rest) == 2:
             tid, _, verb = head.rpartition(":")
             if tid and verb == "cancel" and method == "POST":
@@ -64,6 +80,19 @@ def route(method: str, rest: tuple[str, ...]) -> tuple[str, dict[str, Any], bool
     raise _not_here(method, rest)
 
 
+def _with_path(body: dict[str, Any], path: dict[str, Any]) -> dict[str, Any]:
+    """The body with what the path names; a body naming something else is refused, not
+    overridden (``taskId`` in both, differing, is a caller's mistake worth saying)."""
+    for key, value in path.items():
+        given = body.get(key, body.get(requests.SNAKE_OF.get(key, key)))
+        if given not in (None, "", value):
+            raise InvalidParams(
+                f"{key}: the path names {value!r} but the body {given!r}",
+                violations=[(key, "differs from the path")],
+            )
+    return {**body, **path}
+
+
 async def handle(relay: Relay, request: Request, target: Target) -> Response:
     """Answer one HTTP+JSON request; refusals are raised and rendered by the mount's
     handler as ``google.rpc.Status`` bodies."""
@@ -73,7 +102,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
     if needs_body or (request.method == "POST" and http.has_body(request)):
         body = await http.read_json(request, relay, optional=not needs_body)
     if needs_body:
-        params = body
+        params = _with_path(body, params) if isinstance(body, dict) and params else body
     elif isinstance(body, dict):
         params = {**body, **params}
     if request.method == "GET":

@@ -147,19 +147,8 @@ async def follow(
             if fresh:
                 last_seq = fresh[-1].seq
             if current.state is not last_state or current.turn != last_turn:
-                if current.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
-                    for art in views.result_artifacts(current, current.turn, current.result):
-                        if art["artifactId"] not in seen_artifacts:
-                            seen_artifacts.add(art["artifactId"])
-                            yield {
-                                "artifactUpdate": {
-                                    "taskId": current.id,
-                                    "contextId": current.context_id,
-                                    "artifact": art,
-                                    "lastChunk": True,
-                                }
-                            }
-                yield views.status_update(current, fresh)
+                for update in views.state_updates(current, fresh, seen_artifacts):
+                    yield update
                 last_state, last_turn = current.state, current.turn
     finally:
         waker.close()

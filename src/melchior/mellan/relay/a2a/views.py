@@ -309,6 +309,34 @@ def event_updates(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any
     return out
 
 
+def state_updates(
+    task: Task, events: Sequence[TaskEvent], seen_artifacts: set[str]
+) -> list[dict[str, Any]]:
+    """What a reader hears when the task's state (or turn) changes: the artifacts the turn's
+    recorded result carries that it has not heard of yet (``seen_artifacts`` grows), then
+    the status. Streams and push notifications both say a change this way."""
+    out: list[dict[str, Any]] = []
+    if task.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
+        for art in result_artifacts(task, task.turn, task.result):
+            if art["artifactId"] not in seen_artifacts:
+                seen_artifacts.add(art["artifactId"])
+                update = {"taskId": task.id, "contextId": task.context_id, "artifact": art}
+                out.append({"artifactUpdate": {**update, "lastChunk": True}})
+    out.append(status_update(task, events))
+    return out
+
+
+def streamed_artifact_ids(task: Task, events: Sequence[TaskEvent]) -> set[str]:
+    """Ids of the artifacts stored events carried (as :func:`event_updates` names them)."""
+    ids: set[str] = set()
+    for ev in events:
+        if ev.kind == "artifact":
+            upd = _artifact_update(_loads_obj(ev.body) or {})
+            if upd is not None:
+                ids.add(str(upd[0].get("artifactId") or f"{task.id}-ev{ev.seq}"))
+    return ids
+
+
 def status_update(task: Task, events: Sequence[TaskEvent] = ()) -> dict[str, Any]:
     return {
         "statusUpdate": {

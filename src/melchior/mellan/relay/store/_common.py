@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from melchior.mellan.relay.notify import PUSH_TOPIC
 from melchior.mellan.relay.store.base import (
     Agent,
     AuditRecord,
@@ -173,6 +174,9 @@ def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) ->
     """Fire after-commit wake-ups; a failing hint must never fail the committed call."""
     if publish is None:
         return
+    topics = list(topics)
+    if any(t.startswith("task:") for t in topics):
+        topics.append(PUSH_TOPIC)  # a task changed: its push configs may have rows to send
     for topic in dict.fromkeys(topics):  # de-duplicated, order kept
         with suppress(Exception):  # a wake-up is only a latency hint
             publish(topic)

@@ -822,10 +822,16 @@ class Store(Protocol):
         ...
 
     def push_failed(
-        self, delivery_id: int, owner: str, error: str, *, retry_in: float | None
+        self,
+        delivery_id: int,
+        owner: str,
+        error: str,
+        *,
+        retry_in: float | None,
+        counted: bool = True,
     ) -> bool:
         """An attempt failed: due again in ``retry_in`` seconds, or (None) given up on —
-        the config's next row may go."""
+        the config's next row may go. ``counted`` False: handed back unsent, no attempt."""
         ...
 
     def push_attempts(self, task_id: str) -> list[PushAttempt]:

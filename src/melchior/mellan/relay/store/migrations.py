@@ -194,7 +194,8 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # changes to deliver. The outbox is written by triggers, so that every change of a
     # task with a config — whatever statement makes it — has its row in the same
     # transaction; a row records the task as the change left it (state, turn, the last
-    # event), which is all the delivery needs to say what changed. Agents get the secret
+    # event), which is all the delivery needs to say what changed; ``n`` orders a task's
+    # configs as they were made. Agents get the secret
     # their pushes are signed with; a workspace may allow deliveries to private addresses.
     (
         "ALTER TABLE workspace ADD COLUMN push_allow_private INTEGER NOT NULL DEFAULT 0",
@@ -212,6 +213,7 @@ SQLITE: tuple[tuple[str, ...], ...] = (
             mark_state TEXT,
             mark_turn INTEGER,
             mark_seq INTEGER,
+            n INTEGER NOT NULL,
             PRIMARY KEY (task_id, id)
         ) STRICT""",
         """CREATE TABLE push_outbox (
@@ -448,6 +450,7 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
             mark_state text,
             mark_turn integer,
             mark_seq bigint,
+            n integer NOT NULL,
             PRIMARY KEY (task_id, id)
         )""",
         """CREATE TABLE push_outbox (
@@ -477,7 +480,8 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
              INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq)
              SELECT NEW.id, c.id, NEW.state, NEW.turn,
                     (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e WHERE e.task_id = NEW.id)
-             FROM push_config c WHERE c.task_id = NEW.id;
+             FROM push_config c WHERE c.task_id = NEW.id
+             FOR KEY SHARE OF c;
              RETURN NULL;
            END $$""",
         """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task FOR EACH ROW
@@ -488,7 +492,8 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
              INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq)
              SELECT NEW.task_id, c.id, t.state, t.turn, NEW.seq
              FROM push_config c JOIN task t ON t.id = c.task_id
-             WHERE c.task_id = NEW.task_id;
+             WHERE c.task_id = NEW.task_id
+             FOR KEY SHARE OF c;
              RETURN NULL;
            END $$""",
         """CREATE TRIGGER push_on_event AFTER INSERT ON task_event FOR EACH ROW

@@ -29,6 +29,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from melchior.mellan.relay.notify import PUSH_TOPIC
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store.base import (
     Conflict,
@@ -47,9 +48,6 @@ Row = C.RowLike
 
 PUSH_LIMIT = 10
 """Push configs per task, at most (A2A lets a caller add them one by one)."""
-
-PUSH_TOPIC = "push"
-"""Published after a commit that may have added outbox rows: a local deliverer's hint."""
 
 
 class PushTx(Protocol):
@@ -81,8 +79,8 @@ class PushTx(Protocol):
     def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool: ...
 
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> Sequence[Row]:
-        """Lease due rows (counting the attempt), each the earliest undelivered row of its
-        config, oldest due first."""
+        """Lease due rows, each the earliest undelivered row of its config, oldest due
+        first. Attempts are counted when they are reported, not here."""
         ...
 
     def push_config_row(self, task_id: str, config_id: str) -> Row | None: ...
@@ -105,8 +103,11 @@ class PushTx(Protocol):
 
     def push_delivered(self, row_id: int, owner: str) -> bool: ...
 
-    def push_failed(self, row_id: int, owner: str, error: str, retry_ms: int | None) -> bool:
-        """Release the lease: due again in ``retry_ms``, or given up (None)."""
+    def push_failed(
+        self, row_id: int, owner: str, error: str, retry_ms: int | None, counted: bool
+    ) -> bool:
+        """Release the lease: due again in ``retry_ms``, or given up (None); ``counted``:
+        an attempt was made (a row handed back unsent is not one)."""
         ...
 
 
@@ -217,8 +218,7 @@ class PushQueue:
     def list_push_configs(self, workspace: str, task_id: str) -> list[PushConfig]:
         p = self.P
         rows = self._read(
-            f"SELECT * FROM push_config WHERE workspace = {p} AND task_id = {p}"
-            " ORDER BY created_at, id",
+            f"SELECT * FROM push_config WHERE workspace = {p} AND task_id = {p} ORDER BY n",
             (workspace, task_id),
         )
         return [_config(r) for r in rows]
@@ -302,12 +302,18 @@ class PushQueue:
         return self._transact(go)
 
     def push_failed(
-        self, delivery_id: int, owner: str, error: str, *, retry_in: float | None
+        self,
+        delivery_id: int,
+        owner: str,
+        error: str,
+        *,
+        retry_in: float | None,
+        counted: bool = True,
     ) -> bool:
         retry_ms = None if retry_in is None else max(0, round(retry_in * 1000))
 
         def go(tx: PushTx) -> bool:
-            done = tx.push_failed(delivery_id, owner, error[:1000], retry_ms)
+            done = tx.push_failed(delivery_id, owner, error[:1000], retry_ms, counted)
             if done and retry_ms is None:
                 tx.topics.append(PUSH_TOPIC)
             return done

@@ -480,9 +480,10 @@ class _Tx:
     ) -> Row:  # fmt: skip
         row = self.one(
             "INSERT INTO push_config (task_id, id, workspace, caller, url, token, auth_scheme,"
-            " auth_credentials, created_at, mark_state, mark_turn, mark_seq)"
+            " auth_credentials, created_at, mark_state, mark_turn, mark_seq, n)"
             f" VALUES (%(task)s, %(id)s, %(ws)s, %(caller)s, %(url)s, %(token)s, %(scheme)s,"
-            f" %(creds)s, {_NOW}, %(mstate)s, %(mturn)s, %(mseq)s)"
+            f" %(creds)s, {_NOW}, %(mstate)s, %(mturn)s, %(mseq)s,"
+            " (SELECT COALESCE(MAX(n), 0) + 1 FROM push_config WHERE task_id = %(task)s))"
             " ON CONFLICT (task_id, id) DO UPDATE SET url = excluded.url, token = excluded.token,"
             " auth_scheme = excluded.auth_scheme, auth_credentials = excluded.auth_credentials"
             " RETURNING *",
@@ -523,7 +524,7 @@ class _Tx:
             "       AND p.delivered_at IS NULL AND p.gave_up_at IS NULL)"
             "   ORDER BY o.due_at, o.id LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
             f" UPDATE push_outbox o SET leased_by = %(owner)s,"
-            f" leased_until = {_NOW} + %(ttl)s {_MS}, attempts = o.attempts + 1"
+            f" leased_until = {_NOW} + %(ttl)s {_MS}"
             " FROM cand WHERE o.id = cand.id RETURNING o.*",
             {"owner": owner, "ttl": lease_ms, "n": limit},
         )
@@ -574,23 +575,33 @@ class _Tx:
         return (
             self.run(
                 f"UPDATE push_outbox SET delivered_at = {_NOW}, leased_by = NULL,"
-                " leased_until = NULL, last_error = NULL WHERE id = %s AND leased_by = %s"
+                " attempts = attempts + 1, leased_until = NULL, last_error = NULL"
+                " WHERE id = %s AND leased_by = %s"
                 " AND delivered_at IS NULL AND gave_up_at IS NULL",
                 (row_id, owner),
             )
             == 1
         )
 
-    def push_failed(self, row_id: int, owner: str, error: str, retry_ms: int | None) -> bool:
+    def push_failed(
+        self, row_id: int, owner: str, error: str, retry_ms: int | None, counted: bool
+    ) -> bool:
         return (
             self.run(
                 "UPDATE push_outbox SET leased_by = NULL, leased_until = NULL,"
-                " last_error = %(err)s, due_at = CASE WHEN %(retry)s::bigint IS NULL THEN due_at"
+                " attempts = attempts + %(inc)s, last_error = %(err)s,"
+                " due_at = CASE WHEN %(retry)s::bigint IS NULL THEN due_at"
                 f"   ELSE {_NOW} + %(retry)s::bigint {_MS} END,"
                 f" gave_up_at = CASE WHEN %(retry)s::bigint IS NULL THEN {_NOW} END"
                 " WHERE id = %(id)s AND leased_by = %(owner)s AND delivered_at IS NULL"
                 " AND gave_up_at IS NULL",
-                {"err": error, "retry": retry_ms, "id": row_id, "owner": owner},
+                {
+                    "err": error,
+                    "retry": retry_ms,
+                    "id": row_id,
+                    "owner": owner,
+                    "inc": int(counted),
+                },
             )
             == 1
         )

@@ -452,9 +452,10 @@ class _Tx:
     ) -> sqlite3.Row:  # fmt: skip
         row = self.one(
             "INSERT INTO push_config (task_id, id, workspace, caller, url, token, auth_scheme,"
-            " auth_credentials, created_at, mark_state, mark_turn, mark_seq)"
+            " auth_credentials, created_at, mark_state, mark_turn, mark_seq, n)"
             " VALUES (:task, :id, :ws, :caller, :url, :token, :scheme, :creds, :now,"
-            " :mstate, :mturn, :mseq)"
+            " :mstate, :mturn, :mseq,"
+            " (SELECT COALESCE(MAX(n), 0) + 1 FROM push_config WHERE task_id = :task))"
             " ON CONFLICT (task_id, id) DO UPDATE SET url = excluded.url, token = excluded.token,"
             " auth_scheme = excluded.auth_scheme, auth_credentials = excluded.auth_credentials"
             " RETURNING *",
@@ -484,8 +485,8 @@ class _Tx:
 
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[sqlite3.Row]:
         return self.all(
-            "UPDATE push_outbox SET leased_by = :owner, leased_until = :now + :ttl,"
-            " attempts = attempts + 1 WHERE id IN (SELECT o.id FROM push_outbox o"
+            "UPDATE push_outbox SET leased_by = :owner, leased_until = :now + :ttl"
+            " WHERE id IN (SELECT o.id FROM push_outbox o"
             "   WHERE o.delivered_at IS NULL AND o.gave_up_at IS NULL AND o.due_at <= :now"
             "     AND (o.leased_until IS NULL OR o.leased_until <= :now)"
             "     AND NOT EXISTS (SELECT 1 FROM push_outbox p WHERE p.task_id = o.task_id"
@@ -542,23 +543,34 @@ class _Tx:
         return (
             self.run(
                 "UPDATE push_outbox SET delivered_at = :now, leased_by = NULL,"
-                " leased_until = NULL, last_error = NULL WHERE id = :id AND leased_by = :owner"
+                " attempts = attempts + 1, leased_until = NULL, last_error = NULL"
+                " WHERE id = :id AND leased_by = :owner"
                 " AND delivered_at IS NULL AND gave_up_at IS NULL",
                 {"id": row_id, "owner": owner, "now": self.now},
             )
             == 1
         )
 
-    def push_failed(self, row_id: int, owner: str, error: str, retry_ms: int | None) -> bool:
+    def push_failed(
+        self, row_id: int, owner: str, error: str, retry_ms: int | None, counted: bool
+    ) -> bool:
         return (
             self.run(
                 "UPDATE push_outbox SET leased_by = NULL, leased_until = NULL,"
-                " last_error = :err, due_at = CASE WHEN :retry IS NULL THEN due_at"
+                " attempts = attempts + :inc, last_error = :err,"
+                " due_at = CASE WHEN :retry IS NULL THEN due_at"
                 "   ELSE :now + :retry END,"
                 " gave_up_at = CASE WHEN :retry IS NULL THEN :now END"
                 " WHERE id = :id AND leased_by = :owner AND delivered_at IS NULL"
                 " AND gave_up_at IS NULL",
-                {"err": error, "retry": retry_ms, "now": self.now, "id": row_id, "owner": owner},
+                {
+                    "err": error,
+                    "retry": retry_ms,
+                    "now": self.now,
+                    "id": row_id,
+                    "owner": owner,
+                    "inc": int(counted),
+                },
             )
             == 1
         )
