@@ -54,7 +54,8 @@ def test_every_variable_named_exists_and_the_schema_version_is_current() -> None
     named = set(re.findall(r"MELLAN_[A-Z_]+[A-Z]", text))
     assert named <= known, named - known
     current = re.search(r"knows a schema version \(currently (\d+)\)", text)
-    assert current and int(current.group(1)) == migrations.LATEST_POSTGRES
+    assert current
+    assert int(current.group(1)) == migrations.LATEST_POSTGRES
 
 
 def test_the_readme_links_it() -> None:
@@ -92,5 +93,6 @@ def test_the_walk_through_runs(tmp_path: Path) -> None:
     assert "refused: a token in clear to another machine" in out
     assert "certificate does not verify" in done.stderr
     assert "refusing to send a credential over plain HTTP to 192.0.2.1" in done.stderr
-    assert "100%" in done.stderr and "consistent" in done.stderr
+    assert "100%" in done.stderr
+    assert "consistent" in done.stderr
     assert "relay-backup.db" in out
