@@ -310,3 +310,16 @@ def test_client_tls_precedence(tmp_path: Path) -> None:
         transport.client_tls(None, None, {"MELLAN_CLIENT_KEY": "/k.pem"})
     with pytest.raises(transport.TransportError, match="does not exist"):
         transport.ssl_context(transport.ClientTls(ca_file=tmp_path / "missing.pem"))
+
+
+def test_sighup_does_not_stop_a_plain_http_relay(tmp_path: Path) -> None:
+    """A unit's ExecReload sends SIGHUP whatever the relay serves; it must not kill it."""
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path)
+    try:
+        mark = len(relay.lines)
+        relay.proc.send_signal(signal.SIGHUP)
+        wait_line(relay, "SIGHUP: nothing to reload", mark)
+        with relay.client() as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        assert relay.stop() == 0

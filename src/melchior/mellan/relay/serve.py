@@ -341,19 +341,20 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             config.ssl = tls.context  # the live context: SIGHUP reloads into it
 
         def reload_tls() -> None:
-            assert tls is not None
+            if tls is None:  # SIGHUP must not kill a relay a unit's ExecReload signals
+                say("SIGHUP: nothing to reload (no --tls-cert)")
+                return
             message = tls.reload()
             failed = message.startswith("certificate reload failed")
             say(message, "tls-reload-failed" if failed else "tls-reloaded")
 
-        server = _Server(config, relay, on_hup=reload_tls if tls is not None else None)
+        server = _Server(config, relay, on_hup=reload_tls)
         if threading.current_thread() is threading.main_thread():
             # From here on a signal means "stop gracefully", even before uvicorn installs
             # its own handlers: a supervisor may stop us right after "ready".
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, server.handle_exit)
-            if tls is not None:
-                signal.signal(signal.SIGHUP, server.handle_hup)
+            signal.signal(signal.SIGHUP, server.handle_hup)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",
