@@ -30,6 +30,7 @@ from melchior.mellan.relay.store.base import (
 )
 from melchior.mellan.relay.store.migrations import SchemaTooNew
 from melchior.mellan.relay.store.transfer import TABLES
+from conftest import PG_ADMIN_URL
 from relay_proc import MELLAN, relay_env, setup_pair, start_relay
 from storekit import db_url_fixture
 
@@ -271,6 +272,18 @@ def test_migrate_sqlite_to_postgresql_keeps_every_row(tmp_path: Path, pg_url: st
     assert "session_replication_role = replica" in out.stderr
     for table in TABLES:
         assert canonical(pg_url, table) == canonical(source, table), table
+    # PostgreSQL → PostgreSQL too (e.g. onto a new server): the same rows again
+    second = pg_url + "_2"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{second.rsplit("/", 1)[1]}"')
+    try:
+        out = mellan(tmp_path, "migrate", "--from", pg_url, "--to", second)
+        assert out.returncode == 0, out.stderr
+        for table in TABLES:
+            assert canonical(second, table) == canonical(source, table), table
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{second.rsplit("/", 1)[1]}" WITH (FORCE)')
     # a second run is refused: the target is not empty
     again = mellan(tmp_path, "migrate", "--from", source, "--to", pg_url)
     assert again.returncode == 1
