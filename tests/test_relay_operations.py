@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 
+from conftest import PG_ADMIN_URL
 from melchior.mellan.client.receiver_api import ReceiverClient
 from melchior.mellan.relay.auth import hash_token
 from melchior.mellan.relay.store import migrations, open_store
@@ -30,7 +31,6 @@ from melchior.mellan.relay.store.base import (
 )
 from melchior.mellan.relay.store.migrations import SchemaTooNew
 from melchior.mellan.relay.store.transfer import TABLES
-from conftest import PG_ADMIN_URL
 from relay_proc import MELLAN, relay_env, setup_pair, start_relay
 from storekit import db_url_fixture
 
