@@ -197,3 +197,17 @@ def test_non_loopback_plain_http_is_refused_unless_insecure(tmp_path: Path) -> N
         assert any("--insecure-http: serving plain HTTP" in line for line in relay.lines)
     finally:
         relay.stop()
+
+
+def test_a_secret_setting_is_masked_wherever_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting marked secret (a token) is shown as *** by --print-config, never as itself."""
+    token = settings.Setting("metrics.token", str, None, "a token", secret=True)
+    monkeypatch.setattr(settings, "SETTINGS", (*SETTINGS, token))
+    monkeypatch.setattr(settings, "BY_KEY", {**settings.BY_KEY, token.key: token})
+    r = settings.resolve(argparse.Namespace(), {"MELLAN_METRICS_TOKEN": "s3cret"})
+    assert r["metrics.token"] == "s3cret"
+    for as_json in (False, True):
+        shown = settings.print_config(r, as_json=as_json)
+        assert "s3cret" not in shown
+        assert "***" in shown
+        assert "env MELLAN_METRICS_TOKEN" in shown
