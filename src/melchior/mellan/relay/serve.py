@@ -69,10 +69,10 @@ def data_dir() -> Path:
 
 def redact(url: str | None) -> str:
     """A database URL fit for a status line: no password."""
-    if url is None:
-        return f"sqlite:///{default_sqlite_path()}"
+    if url is None:  # sqlite:// + an absolute path: sqlite:///home/…
+        return f"sqlite://{default_sqlite_path().resolve()}"
     if "://" not in url:
-        return f"sqlite:///{Path(url).resolve()}"
+        return f"sqlite://{Path(url).resolve()}"
     parts = urlsplit(url)
     if parts.password:
         host = parts.hostname or ""
