@@ -3,9 +3,17 @@ they name is a route, and every page has its screenshot."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from starlette.routing import Route
 
 from melchior.mellan.relay.dashboard import routes
@@ -29,3 +37,45 @@ def test_pages_the_doc_names_are_routes() -> None:
     named = set(re.findall(r"`/ui(/[a-z/]*)`", DOC.read_text()))
     assert named
     assert named <= paths
+
+
+def test_opening_it_runs_as_written(tmp_path: Path) -> None:
+    """The two commands of "Opening it", pasted into bash (on a free port): the relay
+    starts and is waited for, the owner token is where the doc says, and the relay's
+    root leads to the sign-in page."""
+    if shutil.which("curl") is None:
+        pytest.skip("the doc waits for the relay with curl")
+    bindir = Path(sys.executable).parent
+    section = DOC.read_text().split("## Opening it", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ask = "\ncurl -s -o /dev/null -w '%{http_code} %{redirect_url}\\n' http://127.0.0.1:PORT"
+    script = "\n".join(blocks).replace("8787", port) + (
+        ask.replace("PORT", port) + "/" + ask.replace("PORT", port) + "/ui/"
+        "\nkill $!"  # the relay, the script's one background job
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MELLAN_")}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "c")
+    proc = subprocess.Popen(
+        ["bash", "-e", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=120)  # a hang guard, not a threshold
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out + err
+    token = (tmp_path / "data" / "mellan" / "owner.token").read_text().strip()
+    lines = out.strip().splitlines()
+    assert token in lines  # `cat` printed the owner token
+    lines = [line for line in lines if re.match(r"\d{3} ", line)]  # curl's answers
+    # the root leads to /ui/ (here straight to its sign-in, which returns there)
+    root = r"30[237] http://127\.0\.0\.1:\d+/ui/(signin\?next=%2Fui%2F.*)?"
+    assert re.fullmatch(root, lines[-2]), lines[-2]
+    assert re.fullmatch(r"303 http://127\.0\.0\.1:\d+/ui/signin\?next=.*", lines[-1]), lines[-1]
