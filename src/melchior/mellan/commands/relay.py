@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a client has to send a whole request body (default 30; then 408)",
     )
+    parser.add_argument(
+        "--retain-days",
+        type=float,
+        metavar="DAYS",
+        help="delete tasks this many days after they finished, with their events and turns"
+        " (the audit log is kept; default: keep every task)",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -67,6 +74,9 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     if not 0 < ns.body_timeout <= 3600:
         print(f"mellan relay: --body-timeout {ns.body_timeout} must be in (0, 3600] seconds")
+        return 2
+    if ns.retain_days is not None and not 0 < ns.retain_days <= 36500:
+        print(f"mellan relay: --retain-days {ns.retain_days:g} must be in (0, 36500] days")
         return 2
     return serve(
         RelayOptions(
@@ -79,5 +89,6 @@ def run(ns: argparse.Namespace) -> int:
             max_body=ns.max_body,
             body_deadline=ns.body_timeout,
             json=ns.json,
+            retain_days=ns.retain_days,
         )
     )

@@ -55,6 +55,7 @@ class RelayOptions:
     max_body: int = 16 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
+    retain_days: float | None = None
 
 
 def data_dir() -> Path:
@@ -247,7 +248,10 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             public_url=public,
             max_body=options.max_body,
             body_deadline=options.body_deadline,
+            retain_days=options.retain_days,
         )
+        if options.retain_days:
+            say(f"finished tasks are deleted {options.retain_days:g} day(s) after they finish")
         app = create_app(relay)
         config = uvicorn.Config(
             app,
