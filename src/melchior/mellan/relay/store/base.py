@@ -685,6 +685,18 @@ class Store(Protocol):
         actor: str | None = None,
     ) -> Verdict: ...
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        """Extend several leases ``(task_id, epoch)`` in one transaction; outcomes in input
+        order, each as ``renew`` would answer (a busy receiver pays one commit, not one
+        per running task)."""
+        ...
+
     def complete_many(
         self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
     ) -> list[Verdict]:

@@ -533,6 +533,27 @@ class QueueStore(ReadQueries, PushQueue, Retention):
 
         return self._transact(go)
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        if not items:
+            return []
+        ttl = round(lease_seconds * 1000)
+
+        def go(tx: Tx) -> list[Verdict]:
+            return [
+                Verdict(Outcome.OK)
+                if tx.renew(task_id, epoch, ttl)
+                else self._not_live(tx, task_id, epoch, actor, "task.renew")
+                for task_id, epoch in items
+            ]
+
+        return self._transact(go)
+
     def progress(
         self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
     ) -> Verdict:
