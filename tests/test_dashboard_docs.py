@@ -3,19 +3,14 @@ they name is a route, and every page has its screenshot."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from starlette.routing import Route
 
+from doc_kit import free_port, run_bash, script_bin, sh_blocks
 from melchior.mellan.relay.dashboard import routes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,34 +40,21 @@ def test_opening_it_runs_as_written(tmp_path: Path) -> None:
     root leads to the sign-in page."""
     if shutil.which("curl") is None:
         pytest.skip("the doc waits for the relay with curl")
-    bindir = Path(sys.executable).parent
-    section = DOC.read_text().split("## Opening it", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    blocks = sh_blocks("dashboard.md", "Opening it")
     assert len(blocks) == 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    ask = "\ncurl -s -o /dev/null -w '%{http_code} %{redirect_url}\\n' http://127.0.0.1:PORT"
-    script = "\n".join(blocks).replace("8787", port) + (
-        ask.replace("PORT", port) + "/" + ask.replace("PORT", port) + "/ui/"
-        "\nkill $!"  # the relay, the script's one background job
+    port = str(free_port())
+    ask = "\ncurl -s -o /dev/null -w '%{http_code} %{redirect_url}\\n' http://127.0.0.1:" + port
+    script = "\n".join(blocks).replace("8787", port) + ask + "/" + ask + "/ui/"
+    script += "\nkill $!"  # the relay, the script's one background job
+    done = run_bash(
+        script,
+        bindir=script_bin("mellan"),
+        drop=["MELLAN_"],
+        env={"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "c")},
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MELLAN_")}
-    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-    env["XDG_DATA_HOME"] = str(tmp_path / "data")
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "c")
-    proc = subprocess.Popen(
-        ["bash", "-e", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=120)  # a hang guard, not a threshold
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out + err
+    assert done.returncode == 0, done.stdout + done.stderr
     token = (tmp_path / "data" / "mellan" / "owner.token").read_text().strip()
-    lines = out.strip().splitlines()
+    lines = done.stdout.strip().splitlines()
     assert token in lines  # `cat` printed the owner token
     lines = [line for line in lines if re.match(r"\d{3} ", line)]  # curl's answers
     # the root leads to /ui/ (here straight to its sign-in, which returns there)
