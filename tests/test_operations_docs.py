@@ -3,16 +3,13 @@ generates, every variable it names exists, and its HTTPS walk-through runs as wr
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from doc_kit import free_port, run_bash, script_bin, sh_blocks
 from melchior.mellan import transport
 from melchior.mellan.relay import settings
 from melchior.mellan.relay.store import migrations
@@ -62,28 +59,16 @@ def test_the_readme_links_it() -> None:
     assert "(docs/operations.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def walk_through() -> str:
-    section = DOC.read_text(encoding="utf-8").split("## Walk-through", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match
-    return match.group(1)
-
-
 @pytest.mark.skipif(
     not all(shutil.which(t) for t in ("openssl", "curl", "jq")),
     reason="the walk-through needs openssl, curl and jq",
 )
 def test_the_walk_through_runs(tmp_path: Path) -> None:
-    bindir = Path(sys.executable).parent
-    with socket.socket() as s:  # a free port for the walk-through's relay
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MELLAN_")}
-    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", PORT=str(port),
-               TMPDIR=str(tmp_path))  # fmt: skip
-    done = subprocess.run(
-        ["bash", "-c", walk_through()], env=env, capture_output=True, text=True,
-        timeout=180,  # a hang guard, not a threshold
+    port = free_port()
+    (script,) = sh_blocks("operations.md", "Walk-through: HTTPS with a test CA")
+    done = run_bash(
+        script, bindir=script_bin("mellan"), drop=("MELLAN_",),
+        env={"PORT": str(port), "TMPDIR": str(tmp_path)}, timeout=180,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout, done.stderr)
     out = done.stdout

@@ -57,6 +57,7 @@ class RelayOptions:
     max_body: int = 16 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
+    retain_days: float | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     client_ca: Path | None = None
@@ -326,7 +327,10 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             public_url=public,
             max_body=options.max_body,
             body_deadline=options.body_deadline,
+            retain_days=options.retain_days,
         )
+        if options.retain_days:
+            say(f"finished tasks are deleted {options.retain_days:g} day(s) after they finish")
         app: Any = create_app(relay)
         if tls is not None and tls.client_ca is not None:
             app = ClientCertGate(app)
