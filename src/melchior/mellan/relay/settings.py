@@ -242,7 +242,9 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     tables = {k.split(".", 1)[0] for k in BY_KEY if "." in k}
     out: dict[str, Any] = {}
     for name, value in data.items():
-        if name in tables and isinstance(value, dict):
+        if name in tables:
+            if not isinstance(value, dict):
+                raise SettingsError(f"{where}: {name} must be a table ([{name}]), not {value!r}")
             for sub, inner in value.items():
                 out[f"{name}.{sub}"] = inner
         else:
