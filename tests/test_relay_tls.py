@@ -351,3 +351,25 @@ def test_accepted_connections_have_nodelay() -> None:
             return value
 
     assert asyncio.run(main()) != 0
+
+
+def test_the_mcp_bridges_relay_caller_verifies_too(
+    https_relay: RelayProc, ca: trustme.CA, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from melchior.integrations.relay_caller import Credential, RelayCaller, RelayRefused
+
+    cafile = ca_file(ca, tmp_path)
+    other = ca_file(trustme.CA(), tmp_path, "other.pem")
+
+    async def whoami(tls: transport.ClientTls) -> dict[str, Any]:
+        caller = RelayCaller(Credential(https_relay.url, https_relay.owner_token, None, tls))
+        try:
+            return await caller.me()
+        finally:
+            await caller.close()
+
+    assert asyncio.run(whoami(transport.ClientTls(ca_file=cafile)))["kind"] == "owner"
+    with pytest.raises(RelayRefused, match="certificate verify failed"):
+        asyncio.run(whoami(transport.ClientTls(ca_file=other)))
