@@ -766,6 +766,8 @@ class PostgresStore(QueueStore):
             )
             row = tx.one("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version")
             current = int(row["v"]) if row else 0
+            if current > migrations.LATEST_POSTGRES:
+                raise migrations.SchemaTooNew(current, migrations.LATEST_POSTGRES)
             if current >= goal:
                 return current, True
             for stmt in migrations.POSTGRES[current]:

@@ -837,6 +837,8 @@ class SQLiteStore(QueueStore):
                 )
                 row = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_version")
                 current = int(row[0]) if row else 0
+                if current > migrations.LATEST_SQLITE:
+                    raise migrations.SchemaTooNew(current, migrations.LATEST_SQLITE)
                 if current >= goal:
                     return current
                 for stmt in migrations.SQLITE[current]:
