@@ -99,16 +99,19 @@ json_values = st.recursive(
                 "running": json_values,
                 "concurrency": json_values,
             },
-        ),  # fmt: skip
+        ),
     ),
     wait=st.floats(0, 60),
 )
 def test_receiver_info_is_bounded_or_refused_by_field(raw: Any, wait: float) -> None:
+    refused: ApiError | None = None
     try:
         info = receiver_info(raw, wait)
     except ApiError as exc:
-        assert exc.status == 400
-        assert exc.extra["field"].startswith("receiver")
+        refused = exc
+    if refused is not None:
+        assert refused.status == 400
+        assert refused.extra["field"].startswith("receiver")
         return
     assert set(info) <= {"name", "version", "adapters", "running", "concurrency", "wait"}
     assert info["wait"] == wait
