@@ -25,6 +25,7 @@ from melchior.mellan.relay.store.base import (
     CredentialKind,
     FollowUp,
     NewPush,
+    NewRoute,
     NewTask,
     Record,
     Store,
@@ -229,6 +230,13 @@ def seed_everything(s: Store) -> None:
     claimed = s.claim_pushes("deliverer-1", limit=10, lease_seconds=30)
     assert claimed
     s.push_delivered(claimed[0].id, "deliverer-1")
+    route = s.propose_route(NewRoute(
+        WS, "private/ops", "incident.inspect", "command", "agent:private/ops",
+        cwd="/srv/ops", options='{"argv": ["cat"]}',
+    ), record=rec)  # fmt: skip
+    s.approve_route(WS, route.id, "owner:owner", record=rec)
+    s.receiver_seen(WS, "private/ops", '{"name": "rx"}')
+    s.set_wake(WS, "private/ops", "https://wake.example/ops", record=rec)
 
 
 def canonical(url: str, table: str) -> list[tuple[Any, ...]]:

@@ -51,6 +51,7 @@ from melchior.mellan.relay.store.base import (
 )
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.retention import Retention, RetentionTx
+from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
 
 T = TypeVar("T")
 Row = C.RowLike
@@ -61,7 +62,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(PushTx, RetentionTx, Protocol):
+class Tx(PushTx, RetentionTx, RouteTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -137,7 +138,7 @@ class Tx(PushTx, RetentionTx, Protocol):
     def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
-class QueueStore(ReadQueries, PushQueue, Retention):
+class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle)."""
@@ -458,10 +459,12 @@ class QueueStore(ReadQueries, PushQueue, Retention):
                 key=lambda r: int(r["seq"]),
             )
             leases = []
+            routes = self._routes_for(tx, workspace, receiver) if rows else {}
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+                route = routes.get(task.capability)
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"]), route))
             if actor is not None:
                 self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases

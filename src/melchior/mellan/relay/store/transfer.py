@@ -42,6 +42,7 @@ TABLES: tuple[str, ...] = (
     "task_message",
     "push_outbox",
     "dashboard_session",
+    "task_route",
 )
 """Every table of the relay's schema (schema_version aside: the target migrates itself),
 parents first. A task's push configs come before its events, as in a live database: so
