@@ -160,14 +160,14 @@ class _Tx:
 
     def insert_audit(self, notes: Sequence[C.Note]) -> list[int]:
         """One multi-row INSERT: one round trip for a claim of 50, not 50."""
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(notes))
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(notes))
         params: list[Any] = []
         for n in notes:
             params += [n.workspace, n.actor, n.action, n.subject, n.allowed, n.rule, n.reason,
-                       json.dumps(n.detail)]  # fmt: skip
+                       json.dumps(n.detail), n.request_id]  # fmt: skip
         rows = self.all(
-            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail)"
-            f" VALUES {values} RETURNING seq",
+            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail,"
+            f" request_id) VALUES {values} RETURNING seq",
             params,
         )
         return sorted(int(r["seq"]) for r in rows)
@@ -221,6 +221,57 @@ class _Tx:
             if not self.cur.nextset():
                 break
         return inserted
+
+    # -- send limits ----------------------------------------------------------------------
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Take each receiver's transaction-scoped advisory lock, in one order (no
+        deadlock between two batches): enqueues to one receiver count and insert one at a
+        time across every replica, so two cannot both take the last place under a cap."""
+        for workspace, receiver in sorted(set(keys)):
+            self.run(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"mellan-cap:{workspace}/{receiver}",),
+            )
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
+            " AND caller = %s AND state IN ('queued','leased','input_required') LIMIT %s)"
+            " AS capped",
+            (workspace, receiver, caller, upto),
+        )
+        return int(row["n"]) if row else 0
+
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
+            " AND state = 'queued' LIMIT %s) AS capped",
+            (workspace, receiver, upto),
+        )
+        return int(row["n"]) if row else 0
+
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
+        self.run(
+            "INSERT INTO agent_limits (workspace, agent, send_rate, burst,"
+            " max_unfinished_per_receiver, max_queued, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, now())"
+            " ON CONFLICT (workspace, agent) DO UPDATE SET"
+            " send_rate = COALESCE(excluded.send_rate, agent_limits.send_rate),"
+            " burst = COALESCE(excluded.burst, agent_limits.burst),"
+            " max_unfinished_per_receiver = COALESCE(excluded.max_unfinished_per_receiver,"
+            " agent_limits.max_unfinished_per_receiver),"
+            " max_queued = COALESCE(excluded.max_queued, agent_limits.max_queued),"
+            " updated_at = excluded.updated_at",
+            (workspace, agent, *values),
+        )
+
+    def delete_limits(self, workspace: str, agent: str) -> None:
+        self.run("DELETE FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent))
+
+    def limits_row(self, workspace: str, agent: str) -> Row | None:
+        return self.one(
+            "SELECT * FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent)
+        )
 
     def archive_turn(self, task_id: str) -> None:
         self.run(

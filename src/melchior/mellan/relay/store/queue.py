@@ -42,6 +42,8 @@ from melchior.mellan.relay.store.base import (
     NewTask,
     NotFoundError,
     Outcome,
+    OverLimit,
+    QuotaRefused,
     Record,
     StoreError,
     Task,
@@ -50,6 +52,7 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
+from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
 T = TypeVar("T")
 Row = C.RowLike
@@ -100,6 +103,15 @@ class Tx(PushTx, Protocol):
     def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None: ...
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> Sequence[Row | None]: ...
     def archive_turn(self, task_id: str) -> None: ...
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Serialize enqueues to these (workspace, receiver)s until COMMIT."""
+        ...
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int: ...
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int: ...
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None: ...
+    def delete_limits(self, workspace: str, agent: str) -> None: ...
+    def limits_row(self, workspace: str, agent: str) -> Row | None: ...
     def next_turn(
         self, task_id: str, payload: str, chain: str, hop: int, path: str
     ) -> Row | None: ...
@@ -309,51 +321,135 @@ class QueueStore(ReadQueries, PushQueue):
 
         return self._transact(go)
 
+    # -- send limits ------------------------------------------------------------------------
+    def limit_overrides(self, workspace: str) -> dict[str, Overrides]:
+        rows = self._read(f"SELECT * FROM agent_limits WHERE workspace = {self.P}", (workspace,))
+        return {r["agent"]: C.overrides_from_row(r) for r in rows}
+
+    def set_limits(
+        self,
+        workspace: str,
+        agent: str,
+        values: Overrides,
+        *,
+        reset: bool = False,
+        record: Record | None = None,
+    ) -> Overrides:
+        def go(tx: Tx) -> Overrides:
+            _need_workspace(tx, workspace)
+            if agent != "*" and not tx.agent_exists(workspace, agent):
+                raise NotFoundError(f"no agent {agent!r} in workspace {workspace!r}")
+            if reset:
+                tx.delete_limits(workspace, agent)
+            if any(v is not None for v in values):
+                tx.upsert_limits(workspace, agent, list(values))
+            self._notes(tx, [C.record_note(workspace, record, agent)])
+            row = tx.limits_row(workspace, agent)
+            return Overrides() if row is None else C.overrides_from_row(row)
+
+        return self._transact(go)
+
     # -- tasks: caller side -----------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
         return self.enqueue_many([task])[0]
 
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        out: list[tuple[Task, bool]] = []
+        for item in self.admit(tasks):
+            if isinstance(item, OverLimit):
+                raise QuotaRefused(item)
+            out.append(item)
+        return out
+
+    @staticmethod
+    def _over_caps(tx: Tx, tasks: Sequence[NewTask]) -> dict[int, OverLimit]:
+        """The new tasks of a batch that a cap refuses, counted in this transaction (with
+        the receivers locked) and in input order, so a batch fills a cap exactly."""
+        capped = [k for k, t in enumerate(tasks) if t.caps is not None]
+        if not capped:
+            return {}
+        tx.lock_receivers([(tasks[k].workspace, tasks[k].receiver) for k in capped])
+        unfinished: dict[tuple[str, str, str], int] = {}
+        queued: dict[tuple[str, str], int] = {}
+        over: dict[int, OverLimit] = {}
+        for k in capped:
+            t, caps = tasks[k], tasks[k].caps
+            assert caps is not None
+            if t.message_id is not None and tx.message_ref(t.workspace, t.caller, t.message_id):
+                continue  # a resend finds its task; it takes no new place
+            ku, kq = (t.workspace, t.caller, t.receiver), (t.workspace, t.receiver)
+            if ku not in unfinished:
+                upto = caps.max_unfinished_per_receiver + 1
+                unfinished[ku] = tx.count_unfinished(t.workspace, t.caller, t.receiver, upto)
+            if kq not in queued:
+                queued[kq] = tx.count_queued(t.workspace, t.receiver, caps.max_queued + 1)
+            for limit, count, allowed in (
+                (UNFINISHED, unfinished[ku], caps.max_unfinished_per_receiver),
+                (QUEUED, queued[kq], caps.max_queued),
+            ):
+                decision, retry = cap(limit, count, allowed, t.receiver)
+                if not decision:
+                    over[k] = OverLimit(limit, count, allowed, decision.reason, retry)
+                    break
+            else:
+                unfinished[ku] += 1
+                queued[kq] += 1
+        return over
+
+    def admit(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool] | OverLimit]:
         if any(t.max_attempts < 1 for t in tasks):
             raise ValueError("max_attempts must be at least 1")
         if not tasks:
             return []
 
-        def go(tx: Tx) -> list[tuple[Task, bool]]:
-            # Every caller message goes in the ledger first: a messageId already there (a
-            # resend, or a reuse the door will name) stores no second task.
-            ids = [C.new_id() for _ in tasks]
-            keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
-            fresh = tx.insert_messages(
-                [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
-                 for k in keyed]
-            )  # fmt: skip
-            seen = {k for k, ok in zip(keyed, fresh, strict=True) if not ok}
-            new = [k for k in range(len(tasks)) if k not in seen]
-            rows = dict(zip(new, tx.insert_tasks([(ids[k], tasks[k]) for k in new]), strict=True))
-            out: list[tuple[Task, bool]] = []
-            for k, task in enumerate(tasks):
-                row = rows.get(k)
-                if row is not None:
-                    tx.topics += [
-                        receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
-                    ]  # fmt: skip
-                    if task.push is not None:
-                        self._add_push(
-                            tx, task.workspace, row["id"], task.caller, task.push,
-                            PUSH_LIMIT, with_task=True,
-                        )  # fmt: skip
-                    out.append((C.task_from_row(row), True))
-                    continue
-                ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
-                existing = None if ref is None else tx.task_row(ref["task_id"])
-                if existing is None:  # only a message already sent can suppress the insert
-                    raise StoreError("enqueue: insert suppressed without a duplicate")
-                out.append((C.task_from_row(existing), False))
-            self._notes(tx, C.accept_notes(tasks, out))
+        def go(tx: Tx) -> list[tuple[Task, bool] | OverLimit]:
+            over = self._over_caps(tx, tasks)
+            taken = [k for k in range(len(tasks)) if k not in over]
+            stored = self._store_tasks(tx, [tasks[k] for k in taken])
+            placed: dict[int, tuple[Task, bool] | OverLimit] = {**over}
+            placed.update(zip(taken, stored, strict=True))
+            out = [placed[k] for k in range(len(tasks))]
+            self._notes(tx, [C.over_note(tasks[k], o) for k, o in over.items()])
             return out
 
         return self._transact(go)
+
+    def _store_tasks(self, tx: Tx, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        """Store new tasks (with their accept records) in the open transaction."""
+        if not tasks:
+            return []
+        # Every caller message goes in the ledger first: a messageId already there (a
+        # resend, or a reuse the door will name) stores no second task.
+        ids = [C.new_id() for _ in tasks]
+        keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
+        fresh = tx.insert_messages(
+            [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
+             for k in keyed]
+        )  # fmt: skip
+        seen = {k for k, ok in zip(keyed, fresh, strict=True) if not ok}
+        new = [k for k in range(len(tasks)) if k not in seen]
+        rows = dict(zip(new, tx.insert_tasks([(ids[k], tasks[k]) for k in new]), strict=True))
+        out: list[tuple[Task, bool]] = []
+        for k, task in enumerate(tasks):
+            row = rows.get(k)
+            if row is not None:
+                tx.topics += [
+                    receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
+                ]  # fmt: skip
+                if task.push is not None:
+                    self._add_push(
+                        tx, task.workspace, row["id"], task.caller, task.push,
+                        PUSH_LIMIT, with_task=True,
+                    )  # fmt: skip
+                out.append((C.task_from_row(row), True))
+                continue
+            ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
+            existing = None if ref is None else tx.task_row(ref["task_id"])
+            if existing is None:  # only a message already sent can suppress the insert
+                raise StoreError("enqueue: insert suppressed without a duplicate")
+            out.append((C.task_from_row(existing), False))
+        self._notes(tx, C.accept_notes(tasks, out))
+        return out
 
     def cancel(
         self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"

@@ -153,9 +153,9 @@ class _Tx:
         for n in notes:
             row = self.one(
                 "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule,"
-                " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                " reason, detail, request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
                 (n.workspace, self.now, n.actor, n.action, n.subject, int(n.allowed), n.rule,
-                 n.reason, json.dumps(n.detail)),
+                 n.reason, json.dumps(n.detail), n.request_id),
             )  # fmt: skip
             assert row is not None
             seqs.append(int(row[0]))
@@ -201,6 +201,48 @@ class _Tx:
                 )
             )
         return rows
+
+    # -- send limits ----------------------------------------------------------------------
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Nothing to take: BEGIN IMMEDIATE already made this the only writer."""
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
+            " AND caller = ? AND state IN ('queued','leased','input_required') LIMIT ?)",
+            (workspace, receiver, caller, upto),
+        )
+        return int(row[0]) if row else 0
+
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
+            " AND state = 'queued' LIMIT ?)",
+            (workspace, receiver, upto),
+        )
+        return int(row[0]) if row else 0
+
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
+        self.run(
+            "INSERT INTO agent_limits (workspace, agent, send_rate, burst,"
+            " max_unfinished_per_receiver, max_queued, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (workspace, agent) DO UPDATE SET"
+            " send_rate = COALESCE(excluded.send_rate, send_rate),"
+            " burst = COALESCE(excluded.burst, burst),"
+            " max_unfinished_per_receiver = COALESCE(excluded.max_unfinished_per_receiver,"
+            " max_unfinished_per_receiver),"
+            " max_queued = COALESCE(excluded.max_queued, max_queued),"
+            " updated_at = excluded.updated_at",
+            (workspace, agent, *values, self.now),
+        )
+
+    def delete_limits(self, workspace: str, agent: str) -> None:
+        self.run("DELETE FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent))
+
+    def limits_row(self, workspace: str, agent: str) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT * FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent)
+        )
 
     def archive_turn(self, task_id: str) -> None:
         self.run(
