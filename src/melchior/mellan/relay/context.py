@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
+from melchior.mellan.relay.limits import SendLimits
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store
 
@@ -46,6 +47,8 @@ class Relay:
     unless one is given, e.g. with a test's resolver)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
+    limits: SendLimits = field(default_factory=SendLimits, repr=False)
+    """Send limits in force and the senders' token buckets (:mod:`.limits`)."""
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self)

@@ -24,6 +24,7 @@ from melchior.mellan.relay.a2a.errors import (
     InvalidRequest,
     MethodNotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     RequestTimeout,
     Unauthenticated,
     Unavailable,
@@ -38,7 +39,13 @@ RequestId = str | int | None
 
 def _status(err: A2AError) -> int:
     if isinstance(
-        err, Unauthenticated | Forbidden | PayloadTooLarge | RequestTimeout | Unavailable
+        err,
+        Unauthenticated
+        | Forbidden
+        | PayloadTooLarge
+        | RequestTimeout
+        | Unavailable
+        | QuotaExceeded,
     ):
         return err.http
     return 200
@@ -46,7 +53,9 @@ def _status(err: A2AError) -> int:
 
 def error_response(err: A2AError, rid: RequestId) -> Response:
     body = {"jsonrpc": "2.0", "id": rid, "error": err.jsonrpc_error()}
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    headers = err.headers()
+    if isinstance(err, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return Response(
         jsontext.dumpb(body), _status(err), headers=headers, media_type="application/json"
     )

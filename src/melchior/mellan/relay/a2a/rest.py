@@ -33,7 +33,9 @@ from melchior.mellan.relay.context import Relay
 
 
 def error_response(err: A2AError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    headers = err.headers()
+    if isinstance(err, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return Response(
         jsontext.dumpb(err.rest_body()), err.http, headers=headers, media_type="application/json"
     )
