@@ -107,6 +107,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
             f"method {method!r} is not an A2A 1.0 method (they are PascalCase, e.g. SendMessage)",
             metadata={"method": method},
         )
+    request.state.route = f"/a2a jsonrpc {method}"  # a bounded label: A2A methods only
     caller = await authenticate(relay, request, target)
     result = await op(relay, caller, params, request)
     if method in STREAMING:

@@ -194,6 +194,15 @@ def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) ->
             publish(topic)
 
 
+def tally_all(tally: Callable[[Sequence[str]], None] | None, names: Sequence[str]) -> None:
+    """Count what a committed transaction did (after COMMIT, like the wake-ups): a
+    relay's metrics; a failing counter must never fail the committed call."""
+    if tally is None or not names:
+        return
+    with suppress(Exception):
+        tally(names)
+
+
 # -- audit records written inside the queue change's own transaction ----------------------------
 
 

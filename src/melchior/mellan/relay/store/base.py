@@ -481,6 +481,13 @@ class Store(Protocol):
         """Apply pending schema migrations; return the schema version now in force."""
         ...
 
+    latest_schema: int
+    """The schema version this code writes (what ``migrate`` brings a database to)."""
+
+    def schema_version(self) -> int:
+        """The schema version the database is at (0: empty)."""
+        ...
+
     def close(self) -> None: ...
 
     def now(self) -> str:
@@ -621,6 +628,19 @@ class Store(Protocol):
         a task over a cap is not stored, its ``quota.refused`` record (actor and detail
         from its ``accept`` record) is, and :class:`OverLimit` takes its place in the
         answer. A resend of a message already stored is never refused."""
+        ...
+
+    def queue_gauges(
+        self,
+    ) -> tuple[
+        dict[tuple[str, str], int], dict[tuple[str, str], int], dict[tuple[str, str], float]
+    ]:
+        """For metrics: tasks by (workspace, state); by (workspace, receiver) the queued
+        tasks and the age in seconds of the oldest (database clock)."""
+        ...
+
+    def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
+        """Install the after-commit counter callback (the relay's metrics)."""
         ...
 
     # -- send limits (schema v8) ------------------------------------------------------------

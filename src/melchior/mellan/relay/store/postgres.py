@@ -60,6 +60,7 @@ class _Tx:
 
     cur: psycopg.Cursor[Row]
     topics: list[str] = field(default_factory=list)
+    tallies: list[str] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Row | None:
         self.cur.execute(sql, params)
@@ -414,7 +415,7 @@ class _Tx:
             " UPDATE task t SET state = %s, result = pick.res, lease_owner = NULL,"
             f" lease_expires_at = NULL, finished_at = {_NOW}, updated_at = {_NOW}"
             " FROM pick WHERE t.id = pick.id AND t.lease_epoch = pick.ep AND t.state = 'leased'"
-            " RETURNING t.id, t.workspace, t.receiver, t.session_key, pick.n",
+            " RETURNING t.id, t.workspace, t.receiver, t.session_key, t.attempt, pick.n",
             ([i[0] for i in items], [i[1] for i in items], [i[2] for i in items], state),
         )
         return {int(r["n"]) - 1: r for r in rows}
@@ -431,7 +432,7 @@ class _Tx:
             f" run_after = {_NOW} + %(backoff)s {_MS}, error = %(err)s,"
             f" lease_owner = NULL, lease_expires_at = NULL, updated_at = {_NOW}"
             " WHERE id = %(id)s AND lease_epoch = %(ep)s AND state = 'leased'"
-            " RETURNING workspace, receiver",
+            " RETURNING workspace, receiver, state, attempt",
             {"retry": retry, "backoff": backoff_ms, "err": error, "id": task_id, "ep": epoch},
         )
 
@@ -671,6 +672,7 @@ class PostgresStore(QueueStore):
     """:class:`~melchior.mellan.relay.store.base.Store` on PostgreSQL (psycopg 3, sync)."""
 
     P = "%s"  # the placeholder for the shared reads in ReadQueries
+    latest_schema = migrations.LATEST_POSTGRES
     NOW_SQL = "clock_timestamp()"  # the wall clock, not the transaction's start
 
     def __init__(
@@ -739,6 +741,7 @@ class PostgresStore(QueueStore):
             except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
                 raise self._lost(exc, unclear=done, backend=backend) from exc
             C.publish_all(self._publish, tx.topics)
+            C.tally_all(self.tally, tx.tallies)
             return result
         raise AssertionError("unreachable")
 

@@ -71,6 +71,8 @@ class Tx(PushTx, Protocol):
     """
 
     topics: list[str]
+    tallies: list[str]
+    """What the transaction did, counted after COMMIT (:data:`TALLIES`)."""
 
     # -- control plane ------------------------------------------------------------------------
     def workspace_exists(self, workspace: str) -> bool: ...
@@ -148,12 +150,34 @@ class Tx(PushTx, Protocol):
     def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
+TALLIES = (
+    "accepted",
+    "claimed",
+    "completed:succeeded",
+    "completed:input_required",
+    "failed:requeued",
+    "failed:failed",
+    "cancelled",
+    "lease_expired:requeued",
+    "lease_expired:failed",
+    "quota_refused:max-unfinished-per-receiver",
+    "quota_refused:max-queued",
+    "attempts:N",  # a turn finished (succeeded, input_required, failed) after N attempts
+)
+"""The names a store tallies, each once per task it concerns (the relay's counters)."""
+
+
 class QueueStore(ReadQueries, PushQueue):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
-    lifecycle (migrate, close, now, settle)."""
+    lifecycle (migrate, close, now, settle). ``tally``, when set, hears after each COMMIT
+    what the transaction did (:data:`TALLIES`), so counters count committed work only."""
 
     cancel_grace_ms: int
+    tally: Callable[[Sequence[str]], None] | None = None
+
+    def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
+        self.tally = tally
 
     def _transact(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction; publish ``tx.topics`` after COMMIT."""
@@ -410,6 +434,7 @@ class QueueStore(ReadQueries, PushQueue):
             placed.update(zip(taken, stored, strict=True))
             out = [placed[k] for k in range(len(tasks))]
             self._notes(tx, [C.over_note(tasks[k], o) for k, o in over.items()])
+            tx.tallies += [f"quota_refused:{o.limit}" for o in over.values()]
             return out
 
         return self._transact(go)
@@ -442,6 +467,7 @@ class QueueStore(ReadQueries, PushQueue):
                         PUSH_LIMIT, with_task=True,
                     )  # fmt: skip
                 out.append((C.task_from_row(row), True))
+                tx.tallies.append("accepted")
                 continue
             ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
             existing = None if ref is None else tx.task_row(ref["task_id"])
@@ -460,6 +486,7 @@ class QueueStore(ReadQueries, PushQueue):
             row = tx.cancel_task(workspace, task_id, self.cancel_grace_ms)
             if row is not None:
                 tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+                tx.tallies.append("cancelled")
                 task, outcome = C.task_from_row(row), Outcome.OK
             else:
                 row = tx.task_row(task_id, workspace)
@@ -524,6 +551,10 @@ class QueueStore(ReadQueries, PushQueue):
         rows = tx.settle_expired(workspace, receiver)
         for r in rows:
             tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
+            if r["state"] == "failed":
+                tx.tallies += ["lease_expired:failed", f"attempts:{r['attempt']}"]
+            elif r["state"] == "queued":  # (a cancel's grace running out is no expiry)
+                tx.tallies.append("lease_expired:requeued")
         self._notes(
             tx,
             [
@@ -557,6 +588,7 @@ class QueueStore(ReadQueries, PushQueue):
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
                 leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+                tx.tallies.append("claimed")
             if actor is not None:
                 self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases
@@ -665,6 +697,7 @@ class QueueStore(ReadQueries, PushQueue):
                 continue
             ok = Verdict(Outcome.OK)
             verdicts.append(ok)
+            tx.tallies += [f"completed:{state}", f"attempts:{r['attempt']}"]
             if fence is not None:
                 notes.append(fence.note(r["workspace"], tid, ep, ok))
             tx.topics.append(task_topic(tid))
@@ -718,6 +751,10 @@ class QueueStore(ReadQueries, PushQueue):
             if fence is not None:
                 self._notes(tx, [fence.note(row["workspace"], task_id, epoch, ok)])
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+            if row["state"] == "failed":
+                tx.tallies += ["failed:failed", f"attempts:{row['attempt']}"]
+            else:
+                tx.tallies.append("failed:requeued")
             return ok
 
         return self._transact(go)

@@ -51,6 +51,7 @@ class _Tx:
     now: int
     grace_ms: int = 0
     topics: list[str] = field(default_factory=list)
+    tallies: list[str] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
@@ -374,7 +375,7 @@ class _Tx:
                 "UPDATE task SET state = :st, result = :res, lease_owner = NULL,"
                 " lease_expires_at = NULL, finished_at = :now, updated_at = :now"
                 " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-                " RETURNING workspace, receiver, session_key",
+                " RETURNING workspace, receiver, session_key, attempt",
                 {"st": state, "res": result, "now": self.now, "id": task_id, "ep": epoch},
             )
             if row is not None:
@@ -393,7 +394,7 @@ class _Tx:
             " run_after = :now + :backoff, error = :err, lease_owner = NULL,"
             " lease_expires_at = NULL, updated_at = :now"
             " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-            " RETURNING workspace, receiver",
+            " RETURNING workspace, receiver, state, attempt",
             {"retry": int(retry), "now": self.now, "backoff": backoff_ms, "err": error,
              "id": task_id, "ep": epoch},
         )  # fmt: skip
@@ -643,6 +644,7 @@ class SQLiteStore(QueueStore):
     """:class:`~melchior.mellan.relay.store.base.Store` on a SQLite file."""
 
     P = "?"  # the placeholder for the shared reads in ReadQueries
+    latest_schema = migrations.LATEST_SQLITE
     NOW_SQL = f"({_NOW_MS})"  # now as stored: integer ms since the epoch
 
     def _bucket_sql(self, column: str) -> str:
@@ -804,6 +806,7 @@ class SQLiteStore(QueueStore):
                 raise StoreUnavailable(f"sqlite: {failure}") from failure
             raise failure
         C.publish_all(self._publish, tx.topics)
+        C.tally_all(self.tally, tx.tallies)
 
     def _finish_group(self, group: _Group) -> None:
         """COMMIT (or, if a member could not be isolated, roll back) the open group and
@@ -838,6 +841,7 @@ class SQLiteStore(QueueStore):
                     conn.execute("ROLLBACK")
                 raise
         C.publish_all(self._publish, tx.topics)
+        C.tally_all(self.tally, tx.tallies)
 
     def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
         """Nothing to wait for: a SQLite COMMIT has happened or not by the time the call
