@@ -21,13 +21,16 @@ Minimal loop::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 
+from melchior.mellan import transport
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.rawjson import decode, encode
+from melchior.mellan.transport import ClientTls
 
 
 class ReceiverError(Exception):
@@ -76,16 +79,36 @@ class WriteResult:
 
 
 class ReceiverClient:
-    """Synchronous receiver-API client over one pooled HTTP connection."""
+    """Synchronous receiver-API client over one pooled HTTP connection.
 
-    def __init__(self, relay_url: str, token: str, *, timeout: float = 30.0) -> None:
+    Built by :mod:`melchior.mellan.transport`: the relay's certificate is verified (against
+    ``ca_file``, else ``$MELLAN_CA_FILE``, else the public roots), a client certificate is
+    presented when ``$MELLAN_CLIENT_CERT``/``$MELLAN_CLIENT_KEY`` (or ``tls``) name one,
+    and a plain-HTTP URL to another machine is refused (:class:`ReceiverError`) before the
+    token is sent anywhere."""
+
+    def __init__(
+        self,
+        relay_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        ca_file: str | Path | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.relay_url = relay_url.rstrip("/")
         self._timeout = timeout
-        self._http = httpx.Client(
-            base_url=self.relay_url,
-            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
-            timeout=timeout,
-        )
+        try:
+            self._http = transport.client(
+                self.relay_url,
+                token,
+                tls or transport.client_tls(ca_file),
+                base_url=self.relay_url,
+                headers={"content-type": "application/json"},
+                timeout=timeout,
+            )
+        except transport.TransportError as exc:
+            raise ReceiverError(0, "insecure-transport", str(exc)) from None
 
     def __enter__(self) -> ReceiverClient:
         return self
@@ -107,7 +130,8 @@ class ReceiverClient:
                 path, content=encode(body).encode("utf-8"), timeout=timeout or self._timeout
             )
         except httpx.HTTPError as exc:
-            raise ReceiverError(0, "unreachable", f"cannot reach {self.relay_url}: {exc}") from exc
+            why = transport.untrusted(exc) or f"cannot reach {self.relay_url}: {exc}"
+            raise ReceiverError(0, "unreachable", why) from exc
         try:
             data = decode(response.content) if response.content else {}
         except ValueError:

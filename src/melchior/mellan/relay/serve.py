@@ -10,6 +10,7 @@ the first file was lost); revoke old ones with ``mellan credential revoke``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import json
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import h11
@@ -37,6 +38,7 @@ from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Record, Store
+from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_tls
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -55,6 +57,10 @@ class RelayOptions:
     max_body: int = 16 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    insecure_http: bool = False
 
 
 def data_dir() -> Path:
@@ -168,15 +174,46 @@ class HeaderLimitedH11(H11Protocol):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """On an HTTPS connection, put the verified client certificate (if any) in every
+        request's scope as the ASGI TLS extension, for :class:`~.tls.ClientCertGate`."""
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return
+        tls = peer_tls(ssl_object)
+        inner = self.app
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})["tls"] = tls
+            await inner(scope, receive, send)
+
+        self.app = app
+
 
 class _Server(uvicorn.Server):
     """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
     after shutdown (which would skip closing the store and report a kill to systemd), and
     open long-polls are told to answer now rather than hold the drain open."""
 
-    def __init__(self, config: uvicorn.Config, relay: Relay) -> None:
+    def __init__(
+        self, config: uvicorn.Config, relay: Relay, on_hup: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.relay = relay
+        self.on_hup = on_hup
+
+    def handle_hup(self, sig: int, frame: FrameType | None) -> None:
+        """SIGHUP: reload the certificate on the event loop's own turn (never inside
+        whatever the signal interrupted, which may be a print or a handshake)."""
+        if self.on_hup is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.on_hup()
+            return
+        loop.call_soon_threadsafe(self.on_hup)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.relay.closing = True
@@ -188,11 +225,38 @@ class _Server(uvicorn.Server):
             yield
             return
         previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        if self.on_hup is not None:
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hup)
         try:
             yield
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def transport_policy(options: RelayOptions) -> tuple[str | None, str | None]:
+    """(refusal, warning) for where and how the relay is asked to listen.
+
+    Rule: a bearer token crossing the network in clear is a stolen credential, so a
+    non-loopback address serves HTTPS, unless the operator says ``--insecure-http`` (e.g.
+    a TLS-terminating proxy on another host of a private network) and is warned."""
+    if (options.tls_cert is None) != (options.tls_key is None):
+        return "--tls-cert and --tls-key go together (tls.cert and tls.key)", None
+    if options.client_ca is not None and options.tls_cert is None:
+        return "--client-ca (tls.client_ca) needs HTTPS: give --tls-cert and --tls-key", None
+    if options.tls_cert is not None or ipaddress_is_loopback(options.host):
+        return None, None
+    if not options.insecure_http:
+        return (
+            f"refusing to serve plain HTTP on {options.host}, which other machines can reach: "
+            "credentials and task payloads would cross the network unencrypted. Give "
+            "--tls-cert/--tls-key, bind 127.0.0.1 behind a TLS proxy, or pass "
+            "--insecure-http to accept the risk"
+        ), None
+    return None, (
+        f"warning: --insecure-http: serving plain HTTP on {options.host}; anyone on the path "
+        "can read and replay bearer tokens and task payloads"
+    )
 
 
 def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
@@ -206,6 +270,18 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
 
     logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
     say(f"version {__version__}", "version", version=__version__)
+    refusal, warning = transport_policy(options)
+    if refusal:
+        say(refusal, "error")
+        return 2
+    tls: ServerTls | None = None
+    if options.tls_cert is not None and options.tls_key is not None:
+        tls = ServerTls(options.tls_cert, options.tls_key, options.client_ca)
+        try:
+            tls.build()
+        except TlsError as exc:
+            say(f"cannot serve HTTPS: {exc}", "error")
+            return 1
     say(f"database {redact(options.database)}", "database", database=redact(options.database))
     try:
         sock = bind(options.host, options.port)
@@ -237,7 +313,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say(f"schema upgraded from version {before} to {after}")
         port = sock.getsockname()[1]
         host = options.host if ":" not in options.host else f"[{options.host}]"
-        url = f"http://{host}:{port}"
+        url = f"{'https' if tls else 'http'}://{host}:{port}"
         public = (options.public_url or url).rstrip("/")
         token_file = options.owner_token_file or data_dir() / "owner.token"
         bootstrap(store, token_file, public, force=options.mint_owner_token, say=say)
@@ -248,7 +324,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             max_body=options.max_body,
             body_deadline=options.body_deadline,
         )
-        app = create_app(relay)
+        app: Any = create_app(relay)
+        if tls is not None and tls.client_ca is not None:
+            app = ClientCertGate(app)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -258,23 +336,35 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             http=HeaderLimitedH11,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
-        server = _Server(config, relay)
+        config.load()
+        if tls is not None:
+            config.ssl = tls.context  # the live context: SIGHUP reloads into it
+
+        def reload_tls() -> None:
+            assert tls is not None
+            message = tls.reload()
+            failed = message.startswith("certificate reload failed")
+            say(message, "tls-reload-failed" if failed else "tls-reloaded")
+
+        server = _Server(config, relay, on_hup=reload_tls if tls is not None else None)
         if threading.current_thread() is threading.main_thread():
             # From here on a signal means "stop gracefully", even before uvicorn installs
             # its own handlers: a supervisor may stop us right after "ready".
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, server.handle_exit)
+            if tls is not None:
+                signal.signal(signal.SIGHUP, server.handle_hup)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",
             url=url,
             public_url=public,
         )
-        if not ipaddress_is_loopback(options.host) and not public.startswith("https://"):
-            say(
-                f"warning: {options.host} is reachable from other machines over plain HTTP; "
-                "put a TLS-terminating proxy in front and pass its https URL as --public-url"
-            )
+        if tls is not None:
+            mtls = f"; client certificates from {tls.client_ca} required on /api/receiver/"
+            say(f"HTTPS with {tls.cert}" + (mtls if tls.client_ca else "") + "; SIGHUP reloads")
+        if warning:
+            say(warning, "warning")
         say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
         server.run(sockets=[sock])
         say("stopped", "stopped")
