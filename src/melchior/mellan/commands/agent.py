@@ -135,7 +135,7 @@ def _limits(ns: argparse.Namespace) -> int:
         if data["agent"] == "*":
             source = "workspace" if stored is not None else "relay"
         unit = "/s" if k == "send_rate" else ""
-        rows.append([k, f"{data['effective'][k]:g}{unit}", source])
+        rows.append([k, f"{float(data['effective'][k]):g}{unit}", source])
     print(f"send limits of {who}")
     print(table(["limit", "in force", "set by"], rows))
     return 0

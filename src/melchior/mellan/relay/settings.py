@@ -94,6 +94,14 @@ def _database(v: str) -> str | None:
     return None
 
 
+def _log_format(v: str) -> str | None:
+    return None if v in ("text", "json") else "must be text or json"
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "must be at least 1"
+
+
 def _mask_database(v: Any) -> str:
     from melchior.mellan.relay.serve import redact
 
@@ -151,6 +159,40 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "insecure_http", bool, False,
         "allow plain HTTP on a non-loopback address (credentials cross the network in clear)",
+    ),
+    Setting(
+        "log_format", str, "text",
+        "log lines as 'text' or 'json' (one object per line, with request ids and one "
+        "line per request)",
+        metavar="FORMAT", check=_log_format, example="json",
+    ),
+    Setting(
+        "metrics.token_file", Path, None,
+        "a file holding a token that may read /metrics besides owner credentials",
+        metavar="FILE", example="/etc/mellan/metrics.token",
+    ),
+    Setting(
+        "metrics.cache_seconds", float, 10.0,
+        "seconds the database gauges of /metrics are reused between scrapes",
+        metavar="SECONDS", check=_positive,
+    ),
+    Setting(
+        "limits.send_rate", float, 50.0,
+        "default sends per second of one calling agent (workspace and agent limits override)",
+        metavar="N", check=_positive,
+    ),
+    Setting(
+        "limits.burst", int, 200, "default sends in a row before the rate applies",
+        metavar="N", check=_at_least_one,
+    ),
+    Setting(
+        "limits.max_unfinished_per_receiver", int, 1000,
+        "default cap on one caller's unfinished tasks at one receiver",
+        metavar="N", check=_at_least_one,
+    ),
+    Setting(
+        "limits.max_queued", int, 10000, "default cap on the tasks queued for one receiver",
+        metavar="N", check=_at_least_one,
     ),
 )  # fmt: skip
 
