@@ -140,6 +140,13 @@ def test_limits_are_owner_business(db_url: str) -> None:
         assert r.status_code == 404
 
 
+def _send_at_once(
+    server: Server, world: World, barrier: threading.Barrier, codes: list[int]
+) -> None:
+    barrier.wait()
+    codes.append(send_rest(server, world).status_code)
+
+
 def test_two_replicas_at_the_cap_one_refused(db_url: str) -> None:
     """Two replicas (two stores, two batchers) on one database, one place left under the
     cap, two sends at once, several rounds: exactly one is stored each round."""
@@ -153,12 +160,10 @@ def test_two_replicas_at_the_cap_one_refused(db_url: str) -> None:
             b.relay.limits.forget(WS)
             barrier = threading.Barrier(2)
             codes: list[int] = []
-
-            def go(server: Server, barrier: threading.Barrier = barrier) -> None:
-                barrier.wait()
-                codes.append(send_rest(server, world).status_code)
-
-            threads = [threading.Thread(target=go, args=(s,)) for s in (a, b)]
+            threads = [
+                threading.Thread(target=_send_at_once, args=(s, world, barrier, codes))
+                for s in (a, b)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
