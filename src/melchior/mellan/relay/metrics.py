@@ -108,7 +108,8 @@ class Histogram:
             items = sorted((k, list(v)) for k, v in self._series.items())
         for labels, row in items:
             for bound, count in zip(self.buckets, row, strict=False):
-                yield f"{self.name}_bucket{_labels(labels, ('le', _num(bound)))} {_num(count)}"
+                le = ("le", repr(float(bound)))  # "1.0", as Prometheus clients write it
+                yield f"{self.name}_bucket{_labels(labels, le)} {_num(count)}"
             yield f"{self.name}_bucket{_labels(labels, ('le', '+Inf'))} {_num(row[-1])}"
             yield f"{self.name}_sum{_labels(labels)} {_num(row[-2])}"
             yield f"{self.name}_count{_labels(labels)} {_num(row[-1])}"
