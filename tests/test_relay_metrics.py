@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from a2a_kit import CAPS, RECEIVER, WS, Server, World, message, running
+from melchior.mellan.relay.notify import receiver_topic
 from relay_proc import start_relay
 from storekit import db_url_fixture  # noqa: F401
 
@@ -226,3 +227,51 @@ def test_json_logs_of_a_real_relay(tmp_path: Path) -> None:
     assert access["who-1"]["route"] == "/api/whoami"
     assert isinstance(access["who-1"]["duration_ms"], float)
     assert all(e["level"] in {"info", "warning", "error"} for e in logged)
+
+
+def test_notify_wakeups_vs_poll_pickups(db_url: str) -> None:
+    """A long-poll woken by the send's wake-up picks the task up ``via="notify"``; one
+    whose wake-up is lost finds it on its next periodic read (``via="poll"``)."""
+    import threading
+
+    with running(db_url, receiver=False) as (server, world, _):
+        got: list[Any] = []
+
+        def long_poll() -> None:
+            got.append(receiver(server, world, "/claim", {"limit": 1, "wait": 30}))
+
+        server.relay.poll_interval = 30.0  # only the wake-up can find it quickly
+        waiter = threading.Thread(target=long_poll)
+        waiter.start()
+        topic = receiver_topic(WS, RECEIVER)
+        for _ in range(10_000):  # until the long-poll has read once and waits on its topic
+            if topic in getattr(server.notifier, "_waiters", {}):
+                break
+            threading.Event().wait(0.005)
+        else:
+            raise AssertionError("the long-poll never waited")
+        send(server, world)
+        waiter.join()
+        assert len(got[0]["leases"]) == 1
+        m = scrape(server, world.tokens["owner"])
+        assert value(m, "mellan_claim_pickups_total", via="notify") == 1
+        assert value(m, "mellan_receiver_wakeups_total", cause="notify") >= 1
+        # a lost wake-up: the periodic read finds the task
+        server.relay.poll_interval = 0.05
+        publish = server.notifier.publish
+        server.store.set_publisher(None)
+        try:
+            got.clear()
+            waiter = threading.Thread(target=long_poll)
+            waiter.start()
+            send(server, world)
+            waiter.join()
+        finally:
+            server.store.set_publisher(publish)
+        assert len(got[0]["leases"]) == 1
+        m = scrape(server, world.tokens["owner"])
+        picked = value(m, "mellan_claim_pickups_total", via="poll") + value(
+            m, "mellan_claim_pickups_total", via="immediate"
+        )
+        assert picked == 1  # (immediate if the send won the race to the first read)
+        assert value(m, "mellan_claim_pickups_total", via="notify") == 1

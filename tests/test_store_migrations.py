@@ -98,3 +98,51 @@ def test_versions_are_append_only_shaped() -> None:
         assert versions
         assert all(v and all(isinstance(s, str) for s in v) for v in versions)
     assert migrations.LATEST_SQLITE == migrations.LATEST_POSTGRES
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_v8_on_a_v6_database(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """v8 (send limits, request ids in audit) needs nothing of v7: a v6 database with
+    audit records and tasks upgrades, its old records without a request id."""
+    from melchior.mellan.relay.store.base import Caps, OverLimit, Record
+    from melchior.policy.send_limits import Overrides
+
+    latest = migrations.LATEST_SQLITE if kind == "sqlite" else migrations.LATEST_POSTGRES
+    s = _make(kind, tmp_path, request)
+    try:
+        assert getattr(s, "migrate")(target=6) == 6  # noqa: B009
+        seed(s)
+        g = s.add_grant(WS, CALLER, RECEIVER, ["incident.inspect"])
+        # a v6 audit row, written with v6's columns
+        if kind == "sqlite":
+            import sqlite3
+
+            conn = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+            conn.execute(
+                "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule, reason,"
+                " detail) VALUES ('w', 0, 'relay', 'old', 's', 1, 'r', 'v6', '{}')"
+            )
+            conn.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason,"
+                    " detail) VALUES ('w', 'relay', 'old', 's', true, 'r', 'v6', '{}')"
+                )
+    finally:
+        s.close()
+    s = _make(kind, tmp_path, request)
+    try:
+        assert s.migrate() == latest
+        assert [(r.action, r.request_id) for r in s.audit_since(WS)] == [("old", None)]
+        assert [x.id for x in s.list_grants(WS)] == [g.id]
+        rec = Record("owner:o", "limits.set", "owner", "v8", request_id="r-1")
+        assert s.set_limits(WS, RECEIVER, Overrides(max_queued=1), record=rec).max_queued == 1
+        assert s.audit_since(WS)[-1].request_id == "r-1"
+        caps = Caps(max_unfinished_per_receiver=10, max_queued=1)
+        got = s.admit([new_task(caps=caps), new_task(caps=caps)])
+        assert isinstance(got[1], OverLimit)
+    finally:
+        s.close()
