@@ -350,6 +350,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's own lines go through our handler (JSON or text)
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,
