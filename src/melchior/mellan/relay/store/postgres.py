@@ -197,6 +197,18 @@ class _Tx:
             (workspace, caller, message_id),
         )
 
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """Which (workspace, caller, message id)s the ledger already holds: one round trip."""
+        if not keys:
+            return set()
+        rows = self.all(
+            "SELECT m.workspace, m.caller, m.message_id FROM task_message m"
+            " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(w, c, id)"
+            " ON m.workspace = k.w AND m.caller = k.c AND m.message_id = k.id",
+            ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
+        )
+        return {(r["workspace"], r["caller"], r["message_id"]) for r in rows}
+
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[Row | None]:
         """All inserts in one pipelined ``executemany`` (one round trip for the batch); a
         dedupe hit returns no row."""

@@ -103,6 +103,7 @@ class Tx(PushTx, Protocol):
         ...
 
     def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None: ...
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]: ...
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> Sequence[Row | None]: ...
     def archive_turn(self, task_id: str) -> None: ...
     def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
@@ -396,10 +397,14 @@ class QueueStore(ReadQueries, PushQueue):
         unfinished: dict[tuple[str, str, str], int] = {}
         queued: dict[tuple[str, str], int] = {}
         over: dict[int, OverLimit] = {}
+        known = tx.known_messages(
+            [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "")
+             for k in capped if tasks[k].message_id is not None]
+        )  # fmt: skip
         for k in capped:
             t, caps = tasks[k], tasks[k].caps
             assert caps is not None
-            if t.message_id is not None and tx.message_ref(t.workspace, t.caller, t.message_id):
+            if t.message_id is not None and (t.workspace, t.caller, t.message_id) in known:
                 continue  # a resend finds its task; it takes no new place
             ku, kq = (t.workspace, t.caller, t.receiver), (t.workspace, t.receiver)
             if ku not in unfinished:

@@ -181,6 +181,11 @@ class _Tx:
             (workspace, caller, message_id),
         )
 
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """Which (workspace, caller, message id)s the ledger already holds (in-process
+        reads: one prepared statement each is as cheap as one query here)."""
+        return {k for k in keys if self.message_ref(*k) is not None}
+
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[sqlite3.Row | None]:
         """One prepared INSERT per task; a dedupe hit inserts nothing and answers None."""
         rows: list[sqlite3.Row | None] = []
