@@ -47,7 +47,7 @@ class Limits(NamedTuple):
     max_queued: int
 
 
-DEFAULTS = Limits(send_rate=50.0, burst=200, max_unfinished_per_receiver=1000, max_queued=10000)
+DEFAULTS = Limits(send_rate=100.0, burst=1000, max_unfinished_per_receiver=1000, max_queued=10000)
 """Generous enough that normal use never meets them (docs/mellan.md, "Quotas"): they are
 there to stop a runaway loop or a dead receiver from filling the database."""
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from melchior.policy.send_limits import DEFAULTS
+
 ENV_PREFIX = "MELLAN_"
 CONFIG_ENV = "MELLAN_CONFIG"
 
@@ -177,21 +179,22 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS", check=_positive,
     ),
     Setting(
-        "limits.send_rate", float, 50.0,
+        "limits.send_rate", float, DEFAULTS.send_rate,
         "default sends per second of one calling agent (workspace and agent limits override)",
         metavar="N", check=_positive,
     ),
     Setting(
-        "limits.burst", int, 200, "default sends in a row before the rate applies",
+        "limits.burst", int, DEFAULTS.burst, "default sends in a row before the rate applies",
         metavar="N", check=_at_least_one,
     ),
     Setting(
-        "limits.max_unfinished_per_receiver", int, 1000,
+        "limits.max_unfinished_per_receiver", int, DEFAULTS.max_unfinished_per_receiver,
         "default cap on one caller's unfinished tasks at one receiver",
         metavar="N", check=_at_least_one,
     ),
     Setting(
-        "limits.max_queued", int, 10000, "default cap on the tasks queued for one receiver",
+        "limits.max_queued", int, DEFAULTS.max_queued,
+        "default cap on the tasks queued for one receiver",
         metavar="N", check=_at_least_one,
     ),
 )  # fmt: skip
