@@ -107,6 +107,7 @@ def test_boolean_flag_overrides_a_true_in_the_file(tmp_path: Path) -> None:
         ("prot = 1\n", ["unknown key 'prot'", "did you mean 'port'"]),
         ("[tls]\ncrt = 'x'\n", ["unknown key 'tls.crt'", "'tls.cert'"]),
         ("[tsl]\ncert = 'x'\n", ["unknown key 'tsl'"]),
+        ("tls = 'x'\n", ["tls must be a table ([tls])"]),
         ("port = '8787'\n", ["port = '8787' must be an integer"]),
         ("port = true\n", ["port = True must be an integer"]),
         ("json = 1\n", ["json = 1 must be true or false"]),
@@ -197,3 +198,46 @@ def test_non_loopback_plain_http_is_refused_unless_insecure(tmp_path: Path) -> N
         assert any("--insecure-http: serving plain HTTP" in line for line in relay.lines)
     finally:
         relay.stop()
+
+
+def test_a_secret_setting_is_masked_wherever_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting marked secret (a token) is shown as *** by --print-config, never as itself."""
+    token = settings.Setting("metrics.token", str, None, "a token", secret=True)
+    monkeypatch.setattr(settings, "SETTINGS", (*SETTINGS, token))
+    monkeypatch.setattr(settings, "BY_KEY", {**settings.BY_KEY, token.key: token})
+    r = settings.resolve(argparse.Namespace(), {"MELLAN_METRICS_TOKEN": "s3cret"})
+    assert r["metrics.token"] == "s3cret"
+    for as_json in (False, True):
+        shown = settings.print_config(r, as_json=as_json)
+        assert "s3cret" not in shown
+        assert "***" in shown
+        assert "env MELLAN_METRICS_TOKEN" in shown
+
+
+keys = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=20)
+
+
+printable = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=5)
+
+
+@given(keys, st.one_of(st.integers(), st.booleans(), printable))
+def test_any_key_outside_the_table_is_refused_by_name(key: str, value: Any) -> None:
+    import tempfile
+
+    tables = {s.key.split(".")[0] for s in SETTINGS if "." in s.key}
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "relay.toml"
+        cfg.write_text(f"{key} = {json.dumps(value, ensure_ascii=False)}\n", encoding="utf-8")
+        if key in settings.BY_KEY:  # a known key: taken, or refused naming it
+            why = ""
+            try:
+                resolve(["--config", str(cfg)])
+            except SettingsError as exc:
+                why = str(exc)
+            assert not why or key in why
+        else:
+            with pytest.raises(SettingsError) as err:
+                resolve(["--config", str(cfg)])
+            assert (f"unknown key {key!r}" if key not in tables else f"{key} must be a table") in (
+                str(err.value)
+            )

@@ -310,3 +310,66 @@ def test_client_tls_precedence(tmp_path: Path) -> None:
         transport.client_tls(None, None, {"MELLAN_CLIENT_KEY": "/k.pem"})
     with pytest.raises(transport.TransportError, match="does not exist"):
         transport.ssl_context(transport.ClientTls(ca_file=tmp_path / "missing.pem"))
+
+
+def test_sighup_does_not_stop_a_plain_http_relay(tmp_path: Path) -> None:
+    """A unit's ExecReload sends SIGHUP whatever the relay serves; it must not kill it."""
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path)
+    try:
+        mark = len(relay.lines)
+        relay.proc.send_signal(signal.SIGHUP)
+        wait_line(relay, "SIGHUP: nothing to reload", mark)
+        with relay.client() as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        assert relay.stop() == 0
+
+
+def test_accepted_connections_have_nodelay() -> None:
+    """The relay's listening socket says TCP, so asyncio sets TCP_NODELAY on each accepted
+    connection; without it every keep-alive response waited out the client's delayed ACK
+    between its head and its body (~40 ms a request)."""
+    import asyncio
+    import socket
+
+    from melchior.mellan.relay.serve import bind
+
+    async def main() -> int:
+        got: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def accepted(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            sock = w.get_extra_info("socket")
+            got.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            w.close()
+
+        sock = bind("127.0.0.1", 0)
+        server = await asyncio.start_server(accepted, sock=sock)
+        async with server:
+            _r, w = await asyncio.open_connection(*sock.getsockname())
+            value = await asyncio.wait_for(got, DEADLINE)
+            w.close()
+            return value
+
+    assert asyncio.run(main()) != 0
+
+
+def test_the_mcp_bridges_relay_caller_verifies_too(
+    https_relay: RelayProc, ca: trustme.CA, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from melchior.integrations.relay_caller import Credential, RelayCaller, RelayRefused
+
+    cafile = ca_file(ca, tmp_path)
+    other = ca_file(trustme.CA(), tmp_path, "other.pem")
+
+    async def whoami(tls: transport.ClientTls) -> dict[str, Any]:
+        caller = RelayCaller(Credential(https_relay.url, https_relay.owner_token, None, tls))
+        try:
+            return await caller.me()
+        finally:
+            await caller.close()
+
+    assert asyncio.run(whoami(transport.ClientTls(ca_file=cafile)))["kind"] == "owner"
+    with pytest.raises(RelayRefused, match="certificate verify failed"):
+        asyncio.run(whoami(transport.ClientTls(ca_file=other)))

@@ -139,7 +139,7 @@ class ReceiverClient:
         if (
             response.status_code in (200, 404, 409)
             and isinstance(data, dict)
-            and ("outcome" in data or "leases" in data)
+            and ("outcome" in data or "leases" in data or "results" in data)
         ):
             return data
         error = data.get("error", {}) if isinstance(data, dict) else {}
@@ -219,3 +219,29 @@ class ReceiverClient:
     def cancel_ack(self, task_id: str, epoch: int) -> WriteResult:
         """Say the work of a cancelled task has stopped, freeing its session slot at once."""
         return self._write(task_id, "cancel-ack", {"epoch": epoch})
+
+    # -- batches: one request and one transaction for many running tasks -----------------------
+    def _results(self, path: str, body: dict[str, Any]) -> list[WriteResult]:
+        data = self._post(path, body)
+        return [
+            WriteResult(Outcome(r["outcome"]), str(r.get("reason", "")),
+                        str(r.get("sentence", "")))
+            for r in data["results"]
+        ]  # fmt: skip
+
+    def renew_many(
+        self, leases: list[tuple[str, int]], *, lease_seconds: float = 30.0
+    ) -> list[WriteResult]:
+        """Renew several leases ``(task_id, epoch)`` at once (at most 100); results in order."""
+        items = [{"task_id": t, "epoch": e} for t, e in leases]
+        return self._results(
+            "/api/receiver/renew", {"leases": items, "lease_seconds": lease_seconds}
+        )
+
+    def complete_many(
+        self, completions: list[tuple[str, int, dict[str, Any]]]
+    ) -> list[WriteResult]:
+        """Record several successes ``(task_id, epoch, result)`` at once (at most 100), as
+        safe to retry as ``complete``; results in order."""
+        items = [{"task_id": t, "epoch": e, "result": r} for t, e, r in completions]
+        return self._results("/api/receiver/complete", {"completions": items})

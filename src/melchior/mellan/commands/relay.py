@@ -100,6 +100,7 @@ def run(ns: argparse.Namespace) -> int:
             max_body=resolved["max_body"],
             body_deadline=resolved["body_timeout"],
             json=resolved["json"],
+            retain_days=resolved["retain_days"],
             tls_cert=resolved["tls.cert"],
             tls_key=resolved["tls.key"],
             client_ca=resolved["tls.client_ca"],

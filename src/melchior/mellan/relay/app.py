@@ -137,7 +137,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     rule}}``), ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) and ``/ui`` (the
     owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
     lifespan owns every background task of the replica (lease sweeper, accept batcher,
-    push deliverer) in one task group, and awaits them on the way out."""
+    push deliverer, retention) in one task group, and awaits them on the way out."""
     from melchior.mellan.relay import a2a, control, receiver_api
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
@@ -151,6 +151,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         from melchior.mellan.relay.push import Pusher
+        from melchior.mellan.relay.retention import keep_tasks_for
 
         await relay.notifier.start()
         try:
@@ -161,6 +162,11 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
                     relay.batcher.start(tasks),
                     relay.pusher.start(tasks),
                 ]
+                if relay.retain_days:
+                    job = keep_tasks_for(relay, relay.retain_days,
+                                         interval=relay.retention_interval,
+                                         first=relay.retention_first)  # fmt: skip
+                    owned.append(tasks.create_task(job, name="mellan-retention"))
                 try:
                     yield
                 finally:

@@ -1,11 +1,13 @@
 """``mellan relay backup PATH``: a consistent copy of a running relay's SQLite database.
 
-SQLite's online backup API copies the database page by page from a snapshot; with the
-relay's WAL journal a writer is never blocked for long (each step holds a read
-transaction for a few pages), and a step that sees the source change since the last one
-restarts, so the finished file is one consistent moment — unlike ``cp`` of a database
-with a live ``-wal`` file beside it. The copy is written to a temporary file next to
-PATH and renamed into place only when complete, so PATH is never a half-written file.
+SQLite's online backup API copies the database from one read snapshot. The relay runs in
+WAL mode, where a reader never blocks the writer, so the copy is taken in a single step:
+one consistent moment, however busy the relay is. (Copying in small steps would release
+the snapshot between steps, and every write by the relay would restart the copy — under
+a steady load it might never finish.) Unlike ``cp`` of a live database with its ``-wal``
+file beside it, the result is always a usable database; it is checked before it counts.
+The copy is written to a hidden temporary file next to PATH and renamed into place only
+when complete and checked, so PATH is never a half-written file.
 PostgreSQL is backed up with its own tools (``pg_dump``; docs/operations.md).
 """
 
@@ -18,9 +20,6 @@ from pathlib import Path
 from typing import TextIO
 
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres
-
-PAGES_PER_STEP = 256
-"""Pages copied per step: small enough that writers get the database back quickly."""
 
 
 class BackupError(Exception):
@@ -60,25 +59,25 @@ def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
     os.close(os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
     src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
     dst = sqlite3.connect(partial)
-    shown = -1
 
     def progress(status: int, remaining: int, total: int) -> None:
-        nonlocal shown
         percent = 100 * (total - remaining) // total if total else 100
-        if percent // 10 != shown // 10 or remaining == 0:
-            shown = percent
-            print(f"mellan relay backup: {percent}% ({total - remaining}/{total} pages)",
-                  file=err, flush=True)  # fmt: skip
+        print(f"mellan relay backup: {percent}% ({total - remaining}/{total} pages)",
+              file=err, flush=True)  # fmt: skip
 
     try:
         src.execute("PRAGMA busy_timeout = 30000")
-        src.backup(dst, pages=PAGES_PER_STEP, progress=progress)
+        pages = int(src.execute("PRAGMA page_count").fetchone()[0])
+        size = int(src.execute("PRAGMA page_size").fetchone()[0]) * pages
+        print(f"mellan relay backup: copying {source} ({pages} pages, {size / 2**20:.1f} MiB) "
+              "from one snapshot", file=err, flush=True)  # fmt: skip
+        src.backup(dst, pages=-1, progress=progress)  # one step: one snapshot
         dst.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
         check = dst.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise BackupError(f"the copy failed its integrity check: {check}")
         pages = int(dst.execute("PRAGMA page_count").fetchone()[0])
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, BackupError) as exc:
         dst.close()
         partial.unlink(missing_ok=True)
         raise BackupError(f"backup of {source} failed: {exc}") from None

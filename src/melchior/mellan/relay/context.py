@@ -37,6 +37,11 @@ class Relay:
     poll_interval: float = 1.0
     """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
     sweep_interval: float = 5.0
+    retain_days: float | None = None
+    """Finished tasks older than this are deleted (:mod:`.retention`); None keeps them."""
+    retention_interval: float = 3600.0
+    retention_first: float = 30.0
+    """Seconds from start to the first retention round, then between rounds."""
     """Seconds between lease sweeps (every replica sweeps; the store makes that safe)."""
     closing: bool = False
     """Set when the replica is shutting down: long-polls answer at their next store read

@@ -60,6 +60,7 @@ class RelayOptions:
     max_body: int = 16 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
+    retain_days: float | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     client_ca: Path | None = None
@@ -76,10 +77,10 @@ def data_dir() -> Path:
 
 def redact(url: str | None) -> str:
     """A database URL fit for a status line: no password."""
-    if url is None:
-        return f"sqlite:///{default_sqlite_path()}"
+    if url is None:  # sqlite:// + an absolute path: sqlite:///home/…
+        return f"sqlite://{default_sqlite_path().resolve()}"
     if "://" not in url:
-        return f"sqlite:///{Path(url).resolve()}"
+        return f"sqlite://{Path(url).resolve()}"
     parts = urlsplit(url)
     if parts.password:
         host = parts.hostname or ""
@@ -146,7 +147,10 @@ def make_notifier(database: str | None) -> Notifier:
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP, and accepted sockets inherit it; with 0, a keep-alive response waited out the
+    # client's delayed ACK (~40 ms) between its head and its body
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -343,7 +347,10 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             limits=SendLimits(options.limits),
             metrics=Metrics(cache_seconds=options.metrics_cache_seconds),
             metrics_token=metrics_token,
+            retain_days=options.retain_days,
         )
+        if options.retain_days:
+            say(f"finished tasks are deleted {options.retain_days:g} day(s) after they finish")
         app: Any = create_app(relay)
         if tls is not None and tls.client_ca is not None:
             app = ClientCertGate(app)
@@ -362,19 +369,20 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             config.ssl = tls.context  # the live context: SIGHUP reloads into it
 
         def reload_tls() -> None:
-            assert tls is not None
+            if tls is None:  # SIGHUP must not kill a relay a unit's ExecReload signals
+                say("SIGHUP: nothing to reload (no --tls-cert)")
+                return
             message = tls.reload()
             failed = message.startswith("certificate reload failed")
             say(message, "tls-reload-failed" if failed else "tls-reloaded")
 
-        server = _Server(config, relay, on_hup=reload_tls if tls is not None else None)
+        server = _Server(config, relay, on_hup=reload_tls)
         if threading.current_thread() is threading.main_thread():
             # From here on a signal means "stop gracefully", even before uvicorn installs
             # its own handlers: a supervisor may stop us right after "ready".
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, server.handle_exit)
-            if tls is not None:
-                signal.signal(signal.SIGHUP, server.handle_hup)
+            signal.signal(signal.SIGHUP, server.handle_hup)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",

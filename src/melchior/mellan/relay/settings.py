@@ -86,6 +86,10 @@ def _body_timeout(v: float) -> str | None:
     return None if 0 < v <= 3600 else "must be in (0, 3600] seconds"
 
 
+def _retain_days(v: float) -> str | None:
+    return None if 0 < v <= 36500 else "must be in (0, 36500] days"
+
+
 def _url(v: str) -> str | None:
     return None if v.startswith(("http://", "https://")) else "must start with http:// or https://"
 
@@ -142,6 +146,12 @@ SETTINGS: tuple[Setting, ...] = (
         "body_timeout", float, 30.0,
         "seconds a client has to send a whole request body (then 408)",
         metavar="SECONDS", check=_body_timeout,
+    ),
+    Setting(
+        "retain_days", float, None,
+        "delete tasks this many days after they finished, with their events and turns "
+        "(the audit log is kept; default: keep every task)",
+        metavar="DAYS", check=_retain_days, example=90.0,
     ),
     Setting(
         "tls.cert", Path, None,
@@ -277,7 +287,9 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     tables = {k.split(".", 1)[0] for k in BY_KEY if "." in k}
     out: dict[str, Any] = {}
     for name, value in data.items():
-        if name in tables and isinstance(value, dict):
+        if name in tables:
+            if not isinstance(value, dict):
+                raise SettingsError(f"{where}: {name} must be a table ([{name}]), not {value!r}")
             for sub, inner in value.items():
                 out[f"{name}.{sub}"] = inner
         else:

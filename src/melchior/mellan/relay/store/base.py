@@ -270,6 +270,15 @@ class PushDelivery:
 
 
 @dataclass(frozen=True)
+class Purged:
+    """What one batch did: ``deleted`` tasks; ``busy`` when another replica held the lock
+    (and this one did nothing)."""
+
+    deleted: int
+    busy: bool = False
+
+
+@dataclass(frozen=True)
 class PushAttempt:
     """An outbox row as the task's timeline shows it."""
 
@@ -761,6 +770,18 @@ class Store(Protocol):
         actor: str | None = None,
     ) -> Verdict: ...
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        """Extend several leases ``(task_id, epoch)`` in one transaction; outcomes in input
+        order, each as ``renew`` would answer (a busy receiver pays one commit, not one
+        per running task)."""
+        ...
+
     def complete_many(
         self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
     ) -> list[Verdict]:
@@ -937,6 +958,23 @@ class Store(Protocol):
     def set_push_allow_private(
         self, workspace: str, allowed: bool, *, record: Record | None = None
     ) -> None: ...
+
+    # -- retention --------------------------------------------------------------------------------
+    def workspaces(self) -> list[str]:
+        """Every workspace's name (retention goes through them one by one)."""
+        ...
+
+    def purge_finished(
+        self, workspace: str, age_seconds: float, *, limit: int = 500,
+        record: Record | None = None,
+    ) -> Purged:  # fmt: skip
+        """Delete up to ``limit`` tasks of ``workspace`` that reached a terminal state more
+        than ``age_seconds`` ago, oldest first, with their events, turns, messageIds, push
+        configs and outbox rows, in one transaction (with ``record``, one audit record of
+        the batch). The audit log is kept. Tasks not finished are never touched, however
+        old. Another replica purging at the same moment makes this one do nothing
+        (``busy``) rather than wait. Loop until fewer than ``limit`` are deleted."""
+        ...
 
     def sweep(self) -> int:
         """Settle expired leases: no attempts left → failed, else queued again (epoch bumped,

@@ -542,3 +542,20 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
 
 LATEST_SQLITE = len(SQLITE)
 LATEST_POSTGRES = len(POSTGRES)
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was upgraded by a newer mellan than this one.
+
+    An old replica must not run on it: it would read and write tables whose rules it does
+    not know (e.g. a column a newer trigger relies on), so it refuses before serving."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the database schema is at version {found}, newer than this mellan knows "
+            f"(version {known}): a newer relay upgraded it. Upgrade this replica to the "
+            "newer mellan (schema upgrades only move forward; see 'Schema upgrades' in "
+            "docs/operations.md)"
+        )
+        self.found = found
+        self.known = known

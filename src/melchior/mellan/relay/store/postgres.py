@@ -670,6 +670,29 @@ class _Tx:
             == 1
         )
 
+    # -- retention (see store/retention.py) ----------------------------------------------------
+    def retention_lock(self) -> bool:
+        row = self.one("SELECT pg_try_advisory_xact_lock(%s) AS got", (RETENTION_LOCK,))
+        return bool(row and row["got"])
+
+    def finished_before(self, workspace: str, age_ms: int, limit: int) -> list[str]:
+        rows = self.all(
+            "SELECT id FROM task WHERE workspace = %s AND finished_at IS NOT NULL"
+            f" AND finished_at < {_NOW} - %s::bigint {_MS}"
+            " AND state IN ('succeeded', 'failed', 'cancelled')"
+            " ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            (workspace, age_ms, limit),
+        )
+        return [r["id"] for r in rows]
+
+    def delete_tasks(self, ids: Sequence[str], tables: Sequence[str]) -> int:
+        for table in tables:
+            self.run(f"DELETE FROM {table} WHERE task_id = ANY(%s)", (list(ids),))
+        return self.run("DELETE FROM task WHERE id = ANY(%s)", (list(ids),))
+
+
+RETENTION_LOCK = 0x6D656C6C616E  # "mellan": the advisory lock key purges take turns on
+
 
 def _retryable(exc: BaseException) -> bool:
     """Serialization/deadlock aborts, and a claim racing on a session slot: try again."""
@@ -809,6 +832,8 @@ class PostgresStore(QueueStore):
             )
             row = tx.one("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version")
             current = int(row["v"]) if row else 0
+            if current > migrations.LATEST_POSTGRES:
+                raise migrations.SchemaTooNew(current, migrations.LATEST_POSTGRES)
             if current >= goal:
                 return current, True
             for stmt in migrations.POSTGRES[current]:

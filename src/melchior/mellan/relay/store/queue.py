@@ -52,6 +52,7 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
+from melchior.mellan.relay.store.retention import Retention, RetentionTx
 from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
 T = TypeVar("T")
@@ -63,7 +64,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(PushTx, Protocol):
+class Tx(PushTx, RetentionTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -168,7 +169,7 @@ TALLIES = (
 """The names a store tallies, each once per task it concerns (the relay's counters)."""
 
 
-class QueueStore(ReadQueries, PushQueue):
+class QueueStore(ReadQueries, PushQueue, Retention):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle). ``tally``, when set, hears after each COMMIT
@@ -662,6 +663,27 @@ class QueueStore(ReadQueries, PushQueue):
             if tx.renew(task_id, epoch, round(lease_seconds * 1000)):
                 return Verdict(Outcome.OK)
             return self._not_live(tx, task_id, epoch, actor, "task.renew")
+
+        return self._transact(go)
+
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        if not items:
+            return []
+        ttl = round(lease_seconds * 1000)
+
+        def go(tx: Tx) -> list[Verdict]:
+            return [
+                Verdict(Outcome.OK)
+                if tx.renew(task_id, epoch, ttl)
+                else self._not_live(tx, task_id, epoch, actor, "task.renew")
+                for task_id, epoch in items
+            ]
 
         return self._transact(go)
 

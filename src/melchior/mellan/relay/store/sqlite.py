@@ -623,6 +623,25 @@ class _Tx:
             == 1
         )
 
+    # -- retention (see store/retention.py) ----------------------------------------------------
+    def retention_lock(self) -> bool:
+        return True  # one writer at a time: this transaction is the only one
+
+    def finished_before(self, workspace: str, age_ms: int, limit: int) -> list[str]:
+        rows = self.all(
+            "SELECT id FROM task WHERE workspace = ? AND finished_at IS NOT NULL"
+            " AND finished_at < ? AND state IN ('succeeded', 'failed', 'cancelled')"
+            " ORDER BY finished_at LIMIT ?",
+            (workspace, self.now - age_ms, limit),
+        )
+        return [r["id"] for r in rows]
+
+    def delete_tasks(self, ids: Sequence[str], tables: Sequence[str]) -> int:
+        marks = ", ".join("?" * len(ids))
+        for table in tables:
+            self.run(f"DELETE FROM {table} WHERE task_id IN ({marks})", list(ids))
+        return self.run(f"DELETE FROM task WHERE id IN ({marks})", list(ids))
+
 
 _GROUP_MAX = 64  # calls per group commit at most, so one group cannot grow forever
 
@@ -869,6 +888,8 @@ class SQLiteStore(QueueStore):
                 )
                 row = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_version")
                 current = int(row[0]) if row else 0
+                if current > migrations.LATEST_SQLITE:
+                    raise migrations.SchemaTooNew(current, migrations.LATEST_SQLITE)
                 if current >= goal:
                     return current
                 for stmt in migrations.SQLITE[current]:
