@@ -81,3 +81,29 @@ def test_the_walk_through_runs(tmp_path: Path) -> None:
     assert "100%" in done.stderr
     assert "consistent" in done.stderr
     assert "relay-backup.db" in out
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("curl", "jq")),
+    reason="the walk-through needs curl and jq",
+)
+def test_the_metrics_walk_through_runs(tmp_path: Path) -> None:
+    port = free_port()
+    (script,) = sh_blocks("operations.md", "Walk-through: metrics, request ids and a send limit")
+    done = run_bash(
+        script, bindir=script_bin("mellan"), drop=("MELLAN_",),
+        env={"PORT": str(port), "TMPDIR": str(tmp_path)}, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    out = done.stdout
+    assert '{"ready":true,"schema":' in out
+    assert "refused: send 3 is over the limit" in out
+    assert "HTTP/1.1 429" in out
+    assert "retry-after: 5" in out.lower()
+    assert "x-request-id: walk-1" in out.lower()
+    assert "max-unfinished-per-receiver" in out
+    assert '{"action":"quota.refused","rule":"max-unfinished-per-receiver"}' in out
+    assert '{"logger":"melchior.mellan.access","route":"/a2a rest SendMessage","status":429}' in out
+    assert "mellan_tasks_accepted_total 2" in out
+    assert 'mellan_quota_refusals_total{limit="max-unfinished-per-receiver"} 2' in out
+    assert 'mellan_queue_depth{agent="private/ops",workspace="default"} 2' in out

@@ -32,6 +32,7 @@ from melchior.mellan.relay.store.base import (
 )
 from melchior.mellan.relay.store.migrations import SchemaTooNew
 from melchior.mellan.relay.store.transfer import TABLES
+from melchior.policy.send_limits import Overrides
 from relay_proc import MELLAN, relay_env, setup_pair, start_relay
 from storekit import db_url_fixture
 
@@ -227,6 +228,10 @@ def seed_everything(s: Store) -> None:
     s.push_secret(WS, "local/codex")
     s.set_push_allow_private("second", True, record=rec)
     s.audit(WS, "owner", "probe", "x", False, "test", "a refusal on the record", {"k": 1})
+    s.set_limits(WS, "local/codex", Overrides(send_rate=2.5, burst=4), record=rec)
+    s.set_limits(
+        WS, "*", Overrides(max_queued=500), record=Record("owner", "x", "y", "z", request_id="r-1")
+    )
     claimed = s.claim_pushes("deliverer-1", limit=10, lease_seconds=30)
     assert claimed
     s.push_delivered(claimed[0].id, "deliverer-1")

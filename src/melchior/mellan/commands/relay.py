@@ -87,6 +87,7 @@ def run(ns: argparse.Namespace) -> int:
         return 0
 
     from melchior.mellan.relay.serve import RelayOptions, serve
+    from melchior.policy.send_limits import Limits
 
     return serve(
         RelayOptions(
@@ -104,5 +105,14 @@ def run(ns: argparse.Namespace) -> int:
             tls_key=resolved["tls.key"],
             client_ca=resolved["tls.client_ca"],
             insecure_http=resolved["insecure_http"],
+            log_format=resolved["log_format"],
+            metrics_token_file=resolved["metrics.token_file"],
+            metrics_cache_seconds=resolved["metrics.cache_seconds"],
+            limits=Limits(
+                resolved["limits.send_rate"],
+                resolved["limits.burst"],
+                resolved["limits.max_unfinished_per_receiver"],
+                resolved["limits.max_queued"],
+            ),
         )
     )

@@ -150,6 +150,8 @@ async def claim(request: Request) -> Response:
     topic = receiver_topic(me.workspace, me.subject)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
+    via = "immediate"  # how the read that finds work was prompted (metrics)
+    relay.metrics.receiver_seen(me.workspace, me.subject)
     while True:
         leases = await relay.call(
             relay.store.claim,
@@ -165,7 +167,12 @@ async def claim(request: Request) -> Response:
             break
         if await request.is_disconnected():
             return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
-        await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        woken = await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        via = "notify" if woken else "poll"
+        relay.metrics.wakeups.inc(cause=via)
+        relay.metrics.receiver_seen(me.workspace, me.subject)
+    if leases:
+        relay.metrics.pickups.inc(len(leases), via=via)
     views = []
     for lease in leases:
         turns = await relay.call(relay.store.turns, lease.task.id) if lease.task.turn > 1 else None

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import logging
 import signal
 import socket
 import sys
@@ -35,10 +34,14 @@ from melchior.files import write_private, xdg
 from melchior.mellan.relay.app import MAX_HEADER_BYTES, create_app
 from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.limits import SendLimits
+from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
+from melchior.mellan.relay.observe import configure_logging
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Record, Store
 from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_tls
+from melchior.policy.send_limits import DEFAULTS, Limits
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -62,6 +65,10 @@ class RelayOptions:
     tls_key: Path | None = None
     client_ca: Path | None = None
     insecure_http: bool = False
+    log_format: str = "text"
+    metrics_token_file: Path | None = None
+    metrics_cache_seconds: float = 10.0
+    limits: Limits = DEFAULTS
 
 
 def data_dir() -> Path:
@@ -272,7 +279,17 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         else:
             print(f"mellan relay: {line}", file=out, flush=True)
 
-    logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
+    configure_logging(options.log_format, access=options.log_format == "json")
+    metrics_token = None
+    if options.metrics_token_file is not None:
+        try:
+            metrics_token = options.metrics_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            say(f"cannot read the metrics token file {options.metrics_token_file}: {exc}", "error")
+            return 2
+        if len(metrics_token) < 16:
+            say("the metrics token must be at least 16 characters", "error")
+            return 2
     say(f"version {__version__}", "version", version=__version__)
     refusal, warning = transport_policy(options)
     if refusal:
@@ -327,6 +344,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             public_url=public,
             max_body=options.max_body,
             body_deadline=options.body_deadline,
+            limits=SendLimits(options.limits),
+            metrics=Metrics(cache_seconds=options.metrics_cache_seconds),
+            metrics_token=metrics_token,
             retain_days=options.retain_days,
         )
         if options.retain_days:
@@ -337,6 +357,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's own lines go through our handler (JSON or text)
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,

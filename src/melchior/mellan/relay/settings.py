@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from melchior.policy.send_limits import DEFAULTS
+
 ENV_PREFIX = "MELLAN_"
 CONFIG_ENV = "MELLAN_CONFIG"
 
@@ -98,6 +100,14 @@ def _database(v: str) -> str | None:
     return None
 
 
+def _log_format(v: str) -> str | None:
+    return None if v in ("text", "json") else "must be text or json"
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "must be at least 1"
+
+
 def _mask_database(v: Any) -> str:
     from melchior.mellan.relay.serve import redact
 
@@ -161,6 +171,41 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "insecure_http", bool, False,
         "allow plain HTTP on a non-loopback address (credentials cross the network in clear)",
+    ),
+    Setting(
+        "log_format", str, "text",
+        "log lines as 'text' or 'json' (one object per line, with request ids and one "
+        "line per request)",
+        metavar="FORMAT", check=_log_format, example="json",
+    ),
+    Setting(
+        "metrics.token_file", Path, None,
+        "a file holding a token that may read /metrics besides owner credentials",
+        metavar="FILE", example="/etc/mellan/metrics.token",
+    ),
+    Setting(
+        "metrics.cache_seconds", float, 10.0,
+        "seconds the database gauges of /metrics are reused between scrapes",
+        metavar="SECONDS", check=_positive,
+    ),
+    Setting(
+        "limits.send_rate", float, DEFAULTS.send_rate,
+        "default sends per second of one calling agent (workspace and agent limits override)",
+        metavar="N", check=_positive,
+    ),
+    Setting(
+        "limits.burst", int, DEFAULTS.burst, "default sends in a row before the rate applies",
+        metavar="N", check=_at_least_one,
+    ),
+    Setting(
+        "limits.max_unfinished_per_receiver", int, DEFAULTS.max_unfinished_per_receiver,
+        "default cap on one caller's unfinished tasks at one receiver",
+        metavar="N", check=_at_least_one,
+    ),
+    Setting(
+        "limits.max_queued", int, DEFAULTS.max_queued,
+        "default cap on the tasks queued for one receiver",
+        metavar="N", check=_at_least_one,
     ),
 )  # fmt: skip
 

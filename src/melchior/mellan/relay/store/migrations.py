@@ -292,6 +292,24 @@ SQLITE: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE agent ADD COLUMN wake_url TEXT",
         "ALTER TABLE agent ADD COLUMN wake_secret TEXT",
     ),
+    # v8 — operations: the request id in every audit record (which request made the
+    # decision), per-agent send limits and workspace defaults (agent '*'), and an index
+    # the enqueue transaction counts a caller's unfinished tasks at a receiver by
+    (
+        "ALTER TABLE audit ADD COLUMN request_id TEXT",
+        """CREATE TABLE agent_limits (
+            workspace TEXT NOT NULL REFERENCES workspace(name),
+            agent TEXT NOT NULL,
+            send_rate REAL,
+            burst INTEGER,
+            max_unfinished_per_receiver INTEGER,
+            max_queued INTEGER,
+            updated_at INTEGER NOT NULL,
+            PRIMARY KEY (workspace, agent)
+        ) STRICT""",
+        """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
+           WHERE state IN ('queued','leased','input_required')""",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -563,6 +581,22 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE agent ADD COLUMN receiver_info text",
         "ALTER TABLE agent ADD COLUMN wake_url text",
         "ALTER TABLE agent ADD COLUMN wake_secret text",
+    ),
+    # v8 — operations (see the SQLite v8 for the why)
+    (
+        "ALTER TABLE audit ADD COLUMN request_id text",
+        """CREATE TABLE agent_limits (
+            workspace text NOT NULL REFERENCES workspace(name),
+            agent text NOT NULL,
+            send_rate double precision,
+            burst integer,
+            max_unfinished_per_receiver integer,
+            max_queued integer,
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workspace, agent)
+        )""",
+        """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
+           WHERE state IN ('queued','leased','input_required')""",
     ),
 )
 

@@ -32,6 +32,7 @@ TABLES: tuple[str, ...] = (
     "workspace",
     "credential",
     "agent",
+    "agent_limits",
     "enrollment",
     "agent_grant",
     "audit",
