@@ -10,9 +10,14 @@ lenient reader on one side of a wire is how two sides drift apart silently.
 from __future__ import annotations
 
 import json
-from typing import Any
 
-JSONObject = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (tool start-up)
+if TYPE_CHECKING:
+    from typing import Any
+
+    JSONObject = dict[str, Any]
+else:
+    JSONObject = dict
 
 
 class WireError(Exception):
