@@ -57,7 +57,7 @@ class FrameDecoder:
         self._want: int | None = None
         self.closed = False
 
-    def feed(self, data: bytes) -> Iterator[JSONObject | WireError]:
+    def feed(self, data: bytes | bytearray) -> Iterator[JSONObject | WireError]:
         if self.closed:
             return
         self._buf += data
