@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,8 @@ class Serve:
         self.done = asyncio.Event()
         self.ended_by: str | None = None
         self._last_problem: str | None = None
+        self._now: dict[str, Callable[..., Any] | None] = {}
+        """verb → its handler when that never waits (answered at once), else None."""
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -304,8 +307,14 @@ class Serve:
         """Answer a verb whose handler never waits (``status``, ``verbs``, ``task``) inside
         the socket's read callback; None for every other verb, decided before any check,
         and :meth:`on_call` answers it in a task. Same checks, same refusals."""
-        handler = getattr(self, f"verb_{verb}", None) if verb in BY_NAME else None
-        if handler is None or asyncio.iscoroutinefunction(handler):
+        try:
+            handler = self._now[verb]
+        except KeyError:
+            found = getattr(self, f"verb_{verb}", None) if verb in BY_NAME else None
+            handler = None if found is None or asyncio.iscoroutinefunction(found) else found
+            if verb in BY_NAME:  # the table is fixed: a cache keyed by it stays small
+                self._now[verb] = handler
+        if handler is None:
             return None
         caller = self._admit(verb, msg)
         try:

@@ -61,6 +61,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> JSONObject:
 # C scanner) on every call, a measurable part of a small message's round trip.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique)
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # (set in JSONDecoder.__init__)
 
 
 def encode(obj: JSONObject) -> bytes:
@@ -91,7 +92,15 @@ def decode(data: bytes) -> JSONObject:
     if text.startswith("\ufeff"):
         raise WireError("message starts with a byte-order mark; send plain UTF-8", code="bad-json")
     try:
-        value = _DECODER.decode(text)
+        # The decoder's own scan, as JSONDecoder.decode runs it, without its two whitespace
+        # regex matches; anything but one value spanning the whole text (surrounding
+        # whitespace, extra data, nothing) goes through decode() for its exact answer.
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            end = -1
+        if end != len(text):
+            value = _DECODER.decode(text)
     except _DuplicateKey as exc:
         raise WireError(f"message repeats a key: {exc}", code="bad-json") from None
     except (ValueError, RecursionError) as exc:

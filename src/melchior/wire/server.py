@@ -74,6 +74,7 @@ class Answerer(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_paused = False
+        self._reading = True
         self._eof = False
         self._done = False
 
@@ -143,10 +144,13 @@ class Answerer(asyncio.BufferedProtocol):
         """Read only while nothing waits: no call in a task, the peer reading its replies."""
         if self._transport is None or self._done or self._eof:
             return
-        if self._task is not None or self._write_paused or self._pending:
-            self._transport.pause_reading()
-        else:
-            self._transport.resume_reading()
+        read = self._task is None and not self._write_paused and not self._pending
+        if read != self._reading:
+            self._reading = read
+            if read:
+                self._transport.resume_reading()
+            else:
+                self._transport.pause_reading()
 
     async def _finish(self, later: Awaitable[None]) -> None:
         try:
