@@ -105,7 +105,18 @@ class FrameDecoder:
 
 
 def _recv_exact(sock: _socket.socket, n: int, *, started: bool) -> bytes | None:
-    chunks = bytearray()
+    first = sock.recv(n)
+    if len(first) == n:  # the usual case: a small frame arrives whole
+        return first
+    chunks = bytearray(first)
+    if not first:
+        if not started:
+            return None
+        raise WireError(
+            f"connection closed inside a frame (0 of {n} bytes received)",
+            fatal=True,
+            code="truncated",
+        )
     while len(chunks) < n:
         part = sock.recv(n - len(chunks))
         if not part:
@@ -137,7 +148,7 @@ def send(sock: _socket.socket, msg: JSONObject, *, limit: int | None = None) -> 
     sock.sendall(pack(msg, limit=limit))
 
 
-# -- asyncio streams (serve) ------------------------------------------------------------------
+# -- asyncio streams (a client on an event loop) ----------------------------------------------
 
 
 async def read(reader: asyncio.StreamReader, *, limit: int | None = None) -> JSONObject | None:
