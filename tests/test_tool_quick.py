@@ -92,13 +92,16 @@ def test_everything_else_is_left_to_the_general_path(harness: Harness, tmp_path:
     assert general(harness.env(**minted["environment"]))[1][1] == "not-serving"
 
 
-def test_a_config_file_is_read_by_the_general_path_only(harness: Harness) -> None:
+def test_a_config_file_the_general_path_refuses_is_left_to_it(harness: Harness) -> None:
     root = harness.start()
     env = root.tool_env()
     harness.set_talk("run")
-    assert quick(env) is None
-    assert general(env)[0] == "ok"
+    assert quick(env) == general(env)
+    assert quick(env) is not None
     (harness.config_home / "melchior" / "config.toml").write_text("talk = [")
+    assert quick(env) is None
+    assert general(env)[1][1] == "setup"
+    (harness.config_home / "melchior" / "config.toml").write_text('[melchior]\ntalk = "all"\n')
     assert quick(env) is None
     assert general(env)[1][1] == "setup"
     no_home = {k: v for k, v in env.items() if k not in ("XDG_CONFIG_HOME", "HOME")}

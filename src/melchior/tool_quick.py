@@ -7,10 +7,11 @@ interpreter); the common case needs none of them: the caller's own socket, one c
 and one reply.
 
 This module answers that case only when it is sure the general path would give the
-same answer, on the same rules (:mod:`melchior.naming` for the registry, the blocking
-client and the wire's codec for the call). Anything else — no session id, a project
-derived from the working tree, a config file to read (a broken one is a refusal), a
-socket that is missing, refused or someone else's, any flag but ``--verb`` — returns
+same answer, on the same rules (:mod:`melchior.naming` for the registry, the config
+reader, the blocking client and the wire's codec for the call). Anything else — no
+session id, a project derived from the working tree, a config file the general path
+would refuse, a socket that is missing, refused or someone else's, any flag but
+``--verb`` — returns
 ``None`` before a call is made, and :func:`melchior.tool.perform` decides, with its
 refusals and side effects as they are. Once a call is made its outcome is the answer:
 a refusal from the session or a failed exchange is raised as the general path would.
@@ -44,8 +45,13 @@ def _notes_readable(directory: str, sid: str) -> bool:
     return True
 
 
-def _no_config(env: Mapping[str, str]) -> bool:
-    """True only when ``melchior.talk`` has no config file (a file may hold an error)."""
+def _config_ok(project: str, env: Mapping[str, str]) -> bool:
+    """True when reading ``melchior.talk`` would not refuse (a file may hold an error).
+
+    Most machines have no config file, and checking that costs one ``stat``; a file
+    that exists is read by the general path's own reader (tomllib and the walls'
+    values: a few ms, still far less than the whole vocabulary).
+    """
     value = env.get("XDG_CONFIG_HOME") or ""
     if value and os.path.isabs(value):
         base = value
@@ -60,7 +66,13 @@ def _no_config(env: Mapping[str, str]) -> bool:
         return True
     except Exception:
         return False
-    return False
+    try:
+        from melchior.session.config import read_talk
+
+        read_talk(project, env)
+    except Exception:
+        return False
+    return True
 
 
 def _own_socket(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -75,7 +87,7 @@ def _own_socket(env: Mapping[str, str]) -> tuple[str, str] | None:
         directory = naming.registry_dir(project, env)
     except Exception:
         return None
-    if not _notes_readable(directory, sid) or not _no_config(env):
+    if not _notes_readable(directory, sid) or not _config_ok(project, env):
         return None
     path = naming.join(directory, sid)
     try:
