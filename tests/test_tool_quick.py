@@ -173,3 +173,29 @@ def test_naming_paths_are_spelled_as_pathlib_spells_them(parts: list[str], slash
     text = "/" * max(slashes, 1) + "/".join(parts)
     assert naming.norm(text) == str(Path(text))
     assert naming.join(naming.norm(text), "melchior") == str(Path(text) / "melchior")
+
+
+_OLD_PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@given(
+    st.one_of(
+        st.text(max_size=12),
+        st.text(alphabet="aZ09._-\n/ é", max_size=12),
+    )
+)
+def test_project_names_are_judged_as_the_regular_expression_did(name: str) -> None:
+    try:
+        naming.check_project(name)
+        ok = True
+    except naming.NamingError:
+        ok = False
+    expected = (
+        bool(name)
+        and len(name.encode()) <= naming.MAX_PROJECT_LEN
+        and "/" not in name
+        and name not in (".", "..")
+        and ".." not in name
+        and _OLD_PROJECT_RE.match(name) is not None
+    )
+    assert ok is expected

@@ -114,3 +114,29 @@ def test_decode_answers_as_json_loads_did(data: bytes) -> None:
         assert code in ("bad-json", "bad-encoding")
     else:
         assert got == expected
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.just("\ud800"),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4))
+def test_encode_writes_what_json_dumps_wrote(obj: dict[str, object]) -> None:
+    import json
+
+    try:
+        expected: object = json.dumps(
+            obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
+        expected = type(exc)
+    try:
+        got: object = encode(obj)
+    except WireError as exc:
+        got = UnicodeEncodeError if exc.code == "bad-encoding" else ValueError
+    assert got == expected
+    if isinstance(got, bytes):
+        assert decode(got) == json.loads(got)

@@ -11,7 +11,6 @@ results; everything else should import it from there.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (tool start-up)
@@ -57,7 +56,8 @@ MAX_PROJECT_LEN = 64
 SUN_PATH_MAX = 107
 """Usable bytes of ``sun_path`` on Linux (108 including the NUL)."""
 
-PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_PROJECT_CHARS = _ALNUM | frozenset("._-")
 ROLES = ("main", "sub")
 USED_FILE = ".used"
 LOCK_FILE = ".lock"
@@ -93,6 +93,13 @@ def check_id(text: str) -> str:
     return text
 
 
+def _project_chars(name: str) -> bool:
+    """``^[A-Za-z0-9][A-Za-z0-9._-]*$`` as ``re.match`` reads it (its ``$`` also matches
+    before one trailing newline), without importing re for it."""
+    body = name[:-1] if name.endswith("\n") else name
+    return bool(body) and body[0] in _ALNUM and all(c in _PROJECT_CHARS for c in body)
+
+
 def check_project(name: str) -> str:
     """Validate a project name: it becomes one path component, so it must be one."""
     if not name:
@@ -104,7 +111,7 @@ def check_project(name: str) -> str:
         )
     if "/" in name or name in (".", "..") or ".." in name:
         raise NamingError(f"project name {name!r} may not contain '/' or '..'")
-    if not PROJECT_RE.match(name):
+    if not _project_chars(name):
         raise NamingError(
             f"project name {name!r} may only use letters, digits, '.', '_' and '-', "
             "and must start with a letter or digit"
