@@ -202,3 +202,31 @@ def test_status_and_who_import_nothing_heavy(harness: Harness, verb: list[str]) 
         assert loaded & QUICK_NEVER == set()
     else:
         assert "melchior.tool" in loaded
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "melchior"
+"""The installed ``melchior`` command (pyproject's script-files), not pip's launcher."""
+
+NEVER_ON_STATUS = {"re", "enum", "json", "typing", "pathlib", "socket", "selectors", "asyncio"}
+"""What ``status`` about oneself must not import through the installed command: each is
+2-5 ms of an exec that a bare interpreter does in ~12 ms (issue 10)."""
+
+
+def test_the_melchior_command_answers_status_without_re_json_or_typing(harness: Harness) -> None:
+    root = harness.start()
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(SCRIPT), "tool", "--verb=status"],
+        env=root.tool_env(),
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"][0]["id"] == root.id
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "melchior.tool_quick" in imported
+    assert imported & NEVER_ON_STATUS == set()
