@@ -24,7 +24,16 @@ def test_every_picture_shown_exists_and_every_page_has_one() -> None:
             path = (doc.parent / target).resolve()
             assert path.is_file(), f"{doc.name} shows {target}, which does not exist"
             pictures.add(path.stem)
-    assert {"overview", "agents", "grants", "tasks", "task", "audit", "tasks-phone"} <= pictures
+    assert {
+        "overview",
+        "agents",
+        "grants",
+        "tasks",
+        "task",
+        "audit",
+        "tasks-phone",
+        "routes",
+    } <= pictures
 
 
 def test_pages_the_doc_names_are_routes() -> None:
