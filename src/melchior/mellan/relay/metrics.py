@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from melchior.mellan.relay.store.base import Store
 
@@ -35,9 +35,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ATTEMPT_BUCKETS = (1, 2, 3, 5, 10)
-ONLINE_WINDOW = 90.0
-"""A receiver that claimed (or long-polled) on this replica within this many seconds
-counts as online here."""
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -122,6 +119,23 @@ class Gauges:
     by_state: dict[tuple[str, str], int]  # (workspace, state) → tasks
     queued: dict[tuple[str, str], int]  # (workspace, receiver) → queued tasks
     oldest: dict[tuple[str, str], float]  # (workspace, receiver) → age in seconds
+    online: dict[str, int] = field(default_factory=dict)  # workspace → receivers online
+
+
+def receivers_online(store: Store) -> dict[str, int]:
+    """Receivers online per workspace, by the one rule the agents API and the dashboard
+    use (:func:`melchior.policy.presence.receiver_online`, from the stored sightings every
+    replica writes), so every replica and every page report the same number."""
+    from melchior.mellan.relay.presence import view
+
+    now = store.now()
+    out: dict[str, int] = {}
+    for workspace in store.workspaces():
+        seen = [a for a in store.list_agents(workspace) if a.receiver_seen_at is not None]
+        online = sum(1 for a in seen if view(a, now)["online"])
+        if online:
+            out[workspace] = online
+    return out
 
 
 class Metrics:
@@ -133,7 +147,6 @@ class Metrics:
         self._clock = clock
         self._lock = threading.Lock()
         self._gauges: tuple[float, Gauges] | None = None
-        self._seen: dict[tuple[str, str], float] = {}  # receivers by last claim
         c = Counter
         self.accepted = c("mellan_tasks_accepted", "New tasks stored (sends accepted).")
         self.claimed = c("mellan_tasks_claimed", "Leases handed to receivers (attempts started).")
@@ -199,23 +212,6 @@ class Metrics:
             elif kind == "attempts":
                 self.attempts.observe(float(detail))
 
-    def receiver_seen(self, workspace: str, agent: str) -> None:
-        now = self._clock()
-        with self._lock:
-            self._seen[(workspace, agent)] = now
-            if len(self._seen) > 100_000:  # forget the long gone first
-                cutoff = now - ONLINE_WINDOW
-                self._seen = {k: t for k, t in self._seen.items() if t >= cutoff}
-
-    def receivers_online(self) -> dict[str, int]:
-        cutoff = self._clock() - ONLINE_WINDOW
-        with self._lock:
-            seen = [k for k, t in self._seen.items() if t >= cutoff]
-        out: dict[str, int] = {}
-        for workspace, _ in seen:
-            out[workspace] = out.get(workspace, 0) + 1
-        return out
-
     # -- the scrape ----------------------------------------------------------------------------
     def gauges(self, store: Store) -> Gauges:
         """The database gauges, read afresh at most every ``cache_seconds`` (worker thread)."""
@@ -225,7 +221,7 @@ class Metrics:
         if cached is not None and now - cached[0] < self.cache_seconds:
             return cached[1]
         by_state, queued, oldest = store.queue_gauges()
-        fresh = Gauges(by_state, queued, oldest)
+        fresh = Gauges(by_state, queued, oldest, receivers_online(store))
         with self._lock:
             self._gauges = (now, fresh)
         return fresh
@@ -249,8 +245,9 @@ class Metrics:
         )
         lines += _gauge(
             "mellan_receivers_online",
-            f"Receiving agents that claimed on this replica in the last {ONLINE_WINDOW:g} s.",
-            {(("workspace", w),): float(n) for w, n in self.receivers_online().items()},
+            "Receiving agents whose receiver is online, as GET /api/agents says it"
+            " (read at scrape, cached).",
+            {(("workspace", w),): float(n) for w, n in gauges.online.items()},
         )
         for metric in (
             self.accepted, self.claimed, self.completed, self.failed, self.expired,

@@ -151,7 +151,6 @@ async def claim(request: Request) -> Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     via = "immediate"  # how the read that finds work was prompted (metrics)
-    relay.metrics.receiver_seen(me.workspace, me.subject)
     while True:
         leases = await relay.call(
             relay.store.claim,
@@ -170,7 +169,6 @@ async def claim(request: Request) -> Response:
         woken = await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
         via = "notify" if woken else "poll"
         relay.metrics.wakeups.inc(cause=via)
-        relay.metrics.receiver_seen(me.workspace, me.subject)
     if leases:
         relay.metrics.pickups.inc(len(leases), via=via)
     views = []
