@@ -98,3 +98,34 @@ def test_versions_are_append_only_shaped() -> None:
         assert versions
         assert all(v and all(isinstance(s, str) for s in v) for v in versions)
     assert migrations.LATEST_SQLITE == migrations.LATEST_POSTGRES
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_v7_routes_on_agents_made_before(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Agents stored under v6 read back with no receiver sighting and no wake URL after
+    v7, and can propose routes at once; only one route per (agent, capability) may be
+    approved, by the schema itself."""
+    from melchior.mellan.relay.store.base import NewRoute, RouteState
+
+    s = _make(kind, tmp_path, request)
+    try:
+        assert getattr(s, "migrate")(target=6) == 6  # noqa: B009
+        seed(s)
+    finally:
+        s.close()
+    s = _make(kind, tmp_path, request)
+    try:
+        assert s.migrate() == 7
+        agent = s.get_agent(WS, RECEIVER)
+        assert agent is not None
+        assert (agent.receiver_seen_at, agent.receiver_info, agent.wake_url) == (None, None, None)
+        new = NewRoute(WS, RECEIVER, "incident.inspect", "command", "agent:x")
+        a, b = s.propose_route(new), s.propose_route(new)
+        assert s.approve_route(WS, a.id, "owner:o").changed
+        assert s.approve_route(WS, b.id, "owner:o").superseded[0].id == a.id
+        states = {r.id: r.state for r in s.list_routes(WS)}
+        assert states == {a.id: RouteState.REVOKED, b.id: RouteState.APPROVED}
+    finally:
+        s.close()

@@ -41,12 +41,50 @@ class ReceiverError(Exception):
 
 
 @dataclass(frozen=True)
+class Route:
+    """How the owner approved this agent to run the task's capability: the adapter, and
+    for a coding-agent session its id, working directory and unattended profile, with the
+    adapter's options (a JSON object). A receiver checks it against its own local
+    allow-list before running anything."""
+
+    id: str
+    capability: str
+    adapter: str
+    session: str | None
+    cwd: str | None
+    profile: str | None
+    options: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Route | None:
+        if not isinstance(data, dict):
+            return None
+        options = data.get("options")
+        return cls(
+            id=str(data["id"]),
+            capability=str(data["capability"]),
+            adapter=str(data["adapter"]),
+            session=_opt(data.get("session")),
+            cwd=_opt(data.get("cwd")),
+            profile=_opt(data.get("profile")),
+            options=options if isinstance(options, dict) else {},
+        )
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
 class ClaimedTask:
-    """One lease handed out by ``claim``: the task as JSON, and the epoch fencing its writes."""
+    """One lease handed out by ``claim``: the task as JSON, the epoch fencing its writes,
+    and the route approved for its capability at claim time (None: there is none, and the
+    task must be failed non-retryably saying so)."""
 
     task: dict[str, Any]
     epoch: int
     expires_at: str
+    route: Route | None = None
 
     @property
     def task_id(self) -> str:
@@ -146,7 +184,12 @@ class ReceiverClient:
             body["worker"] = worker
         data = self._post("/api/receiver/claim", body, timeout=wait + self._timeout)
         return [
-            ClaimedTask(task=item["task"], epoch=int(item["epoch"]), expires_at=item["expires_at"])
+            ClaimedTask(
+                task=item["task"],
+                epoch=int(item["epoch"]),
+                expires_at=item["expires_at"],
+                route=Route.from_json(item.get("route")),
+            )
             for item in data["leases"]
         ]
 

@@ -88,12 +88,15 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
     lifespan owns every background task of the replica (lease sweeper, accept batcher,
     push deliverer) in one task group, and awaits them on the way out."""
-    from melchior.mellan.relay import a2a, control, receiver_api
+    from melchior.mellan.relay import a2a, control, receiver_api, taskroutes
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
     from melchior.mellan.relay.http import HANDLERS
 
-    api = Starlette(routes=control.routes() + receiver_api.routes(), exception_handlers=HANDLERS)
+    api = Starlette(
+        routes=control.routes() + receiver_api.routes() + taskroutes.http_routes(),
+        exception_handlers=HANDLERS,
+    )
     entry = Starlette(routes=a2a.routes(), exception_handlers=a2a.HANDLERS)
     for sub in (api, entry):
         sub.state.relay = relay

@@ -12,11 +12,19 @@ store in the same transaction as the queue change (``actor=``): a claim batch of
 one commit, not eleven, and a database lost mid-request leaves neither a claim without
 its record nor a record without its claim.
 
+Routes: each lease carries the route the owner approved for its task's capability at
+claim time (:mod:`melchior.mellan.relay.taskroutes`), read in the claim's transaction, or
+``null`` when there is none; a receiver then fails the task non-retryably, saying no
+route is approved (it never guesses how to run work). A receiver still checks a route
+against its own local allow-list of adapters and directories before running it.
+
 Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
 
     POST /api/receiver/claim            {"limit":1,"wait":25,"lease_seconds":30,"worker":"…"?}
          → 200 {"leases":[{"task":{…,"payload":<stored request, verbatim>},
-                           "epoch":N,"expires_at":"…"}]}
+                           "epoch":N,"expires_at":"…",
+                           "route":{"id","capability","adapter","session","cwd",
+                                    "profile","options"} | null}]}
     POST /api/receiver/tasks/{id}/renew     {"epoch":N,"lease_seconds":30}
     POST /api/receiver/tasks/{id}/progress  {"epoch":N,"kind":"status"|"artifact"|"message",
                                              "body":{…}}
@@ -61,6 +69,7 @@ from melchior.mellan.relay.http import (
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, TaskTurn, Verdict
+from melchior.mellan.relay.taskroutes import lease_route
 from melchior.policy.visibility import may_see_task
 
 MAX_CLAIM = 100
@@ -92,6 +101,7 @@ def lease_view(lease: Lease, turns: list[TaskTurn] | None = None) -> dict[str, A
         "task": task_view(lease.task),
         "epoch": lease.epoch,
         "expires_at": lease.expires_at,
+        "route": lease_route(lease.route),
     }
     if turns:
         view["history"] = [

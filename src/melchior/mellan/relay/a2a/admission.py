@@ -7,6 +7,11 @@ refusal with its precise rule while the caller hears only what it may learn. An 
 send is stored, with its acceptance record in the same transaction, through the
 group-committing batcher; a commit whose outcome the database left unclear is looked up
 before the caller is answered.
+
+A new task's session key (tasks sharing one run one at a time, in order) is its A2A
+context's, unless the receiver's approved route for the capability is bound to a coding
+agent's session: then it is that session's (:func:`melchior.policy.routes.session_key`),
+so tasks for one session never overlap, whichever context or caller they came from.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from melchior.mellan.relay.store.base import (
 )
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
 from melchior.policy.outbound import check_url
+from melchior.policy.routes import session_key
 
 HOP_KEYS = ("chain", "hop")
 REFUSED_QUIETLY = frozenset({"unknown-agent", "unknown-capability", "no-grant", "other-workspace"})
@@ -186,6 +192,12 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
             push=req.push,
         )
     context_id = context_id or uuid.uuid4().hex
+    route = store.approved_route(target.workspace, target.agent, capability)
+    if route is not None and route.session:  # one bound session: its tasks never overlap
+        key = session_key(target.agent, route.session)
+        detail["route"] = route.id
+    else:
+        key = f"a2a-context:{context_id}"
     accepted = Record(caller.actor, "task.accept", decision.rule, decision.reason, detail)
     return NewTask(
         workspace=target.workspace,
@@ -196,7 +208,7 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
         metadata=jsontext.dumps(req.metadata),
         context_id=context_id,
         message_id=req.message["messageId"],
-        session_key=f"a2a-context:{context_id}",
+        session_key=key,
         chain=chain.chain,
         hop=chain.hop,
         path=chain.path,

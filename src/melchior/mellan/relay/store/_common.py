@@ -80,6 +80,15 @@ def caps_from_json(text: str) -> tuple[Capability, ...]:
     return tuple(Capability(c["id"], c.get("description", "")) for c in json.loads(text))
 
 
+def column(r: RowLike, name: str) -> Any:
+    """``r[name]``, or None when the row has no such column (a database read before the
+    migration that added it, e.g. while upgrading)."""
+    try:
+        return r[name]
+    except (KeyError, IndexError):
+        return None
+
+
 def agent_from_row(r: RowLike) -> Agent:
     return Agent(
         workspace=r["workspace"],
@@ -87,6 +96,9 @@ def agent_from_row(r: RowLike) -> Agent:
         description=r["description"],
         capabilities=caps_from_json(r["capabilities"]),
         created_at=iso(r["created_at"]),
+        receiver_seen_at=iso_or_none(column(r, "receiver_seen_at")),
+        receiver_info=column(r, "receiver_info"),
+        wake_url=column(r, "wake_url"),
     )
 
 

@@ -114,6 +114,9 @@ class Agent:
     description: str
     capabilities: tuple[Capability, ...]
     created_at: str
+    receiver_seen_at: str | None = None  # its receiver's last claim (or renew), if any
+    receiver_info: str | None = None  # raw JSON text the receiver said about itself
+    wake_url: str | None = None  # where the relay POSTs a signed wake-up (None: no wake)
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,59 @@ class PushAttempt:
     last_error: str | None
 
 
+class RouteState(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REVOKED = "revoked"
+
+
+@dataclass(frozen=True)
+class NewRoute:
+    """A task route as the receiving agent proposed it: how it runs one capability."""
+
+    workspace: str
+    agent: str  # the receiving agent (the proposer)
+    capability: str
+    adapter: str  # one of melchior.policy.routes.ADAPTERS
+    proposed_by: str  # actor, e.g. "agent:private/ops"
+    session: str | None = None  # a bound coding-agent session id
+    cwd: str | None = None  # absolute working directory on the receiver's machine
+    profile: str | None = None  # unattended profile name
+    options: str = "{}"  # raw JSON text of an object of adapter options
+
+
+@dataclass(frozen=True)
+class Route:
+    """A stored task route. At most one is ``approved`` per (workspace, agent, capability);
+    approving another revokes it in the same transaction."""
+
+    id: str  # "rt_…"
+    workspace: str
+    agent: str
+    capability: str
+    adapter: str
+    session: str | None
+    cwd: str | None
+    profile: str | None
+    options: str  # raw JSON text
+    state: RouteState
+    proposed_at: str
+    proposed_by: str
+    approved_at: str | None = None
+    approved_by: str | None = None
+    revoked_at: str | None = None
+    revoked_by: str | None = None
+
+
+class RouteChange(NamedTuple):
+    """What an approve or revoke came to: the route as it stands (None: no such route),
+    whether this call changed it, and the approved routes it superseded (revoked)."""
+
+    route: Route | None
+    changed: bool
+    superseded: tuple[Route, ...] = ()
+
+
 @dataclass(frozen=True)
 class NewTask:
     """A task as accepted at the door, before it is stored."""
@@ -304,6 +360,7 @@ class Lease:
     task: Task
     epoch: int
     expires_at: str
+    route: Route | None = None  # the approved route for the task's capability at claim time
 
 
 @dataclass(frozen=True)
@@ -645,7 +702,9 @@ class Store(Protocol):
         """Lease up to ``limit`` runnable tasks for ``receiver``: queued ones whose run_after has
         passed, plus leases that expired (attempt counted here; past max_attempts → failed), never
         a second task of a session_key that has one leased, never out of session order.
-        With ``actor``, one ``task.claim`` record per lease, in this transaction."""
+        With ``actor``, one ``task.claim`` record per lease, in this transaction. Each
+        lease carries the route approved for its task's capability (read in this
+        transaction), or None."""
         ...
 
     def renew(
@@ -852,6 +911,70 @@ class Store(Protocol):
     def set_push_allow_private(
         self, workspace: str, allowed: bool, *, record: Record | None = None
     ) -> None: ...
+
+    # -- task routes (schema v7) ------------------------------------------------------------------
+    # A route says how one receiving agent runs one capability. The agent proposes it
+    # (pending); the owner approves or revokes it. Each change writes its audit record in
+    # its own transaction; approving revokes the approved route it supersedes there too.
+    def propose_route(self, route: NewRoute, *, record: Record | None = None) -> Route:
+        """Store a pending route; :class:`NotFoundError` for an unknown agent."""
+        ...
+
+    def get_route(self, workspace: str, route_id: str) -> Route | None: ...
+
+    def list_routes(
+        self,
+        workspace: str,
+        *,
+        agent: str | None = None,
+        capability: str | None = None,
+        states: Sequence[RouteState] | None = None,
+        limit: int = 500,
+    ) -> list[Route]:
+        """Newest first."""
+        ...
+
+    def approve_route(
+        self, workspace: str, route_id: str, by: str, *, record: Record | None = None
+    ) -> RouteChange:
+        """pending → approved, revoking (and auditing, ``route.revoke`` by ``by``) the
+        route approved before for the same agent and capability. Approving an approved
+        route changes nothing; a revoked one is not approved again (``changed`` False)."""
+        ...
+
+    def revoke_route(
+        self, workspace: str, route_id: str, by: str, *, record: Record | None = None
+    ) -> RouteChange:
+        """pending or approved → revoked; an already revoked route: ``changed`` False."""
+        ...
+
+    def approved_route(self, workspace: str, agent: str, capability: str) -> Route | None:
+        """The route approved for ``agent`` running ``capability``, if any."""
+        ...
+
+    # -- receivers online and wake-ups (schema v7) -----------------------------------------------
+    def receiver_seen(self, workspace: str, agent: str, info: str | None = None) -> bool:
+        """Stamp ``agent``'s receiver as seen now (database clock), with what it said about
+        itself (raw JSON text; None keeps the last). False for an unknown agent."""
+        ...
+
+    def set_wake(
+        self,
+        workspace: str,
+        agent: str,
+        url: str | None,
+        *,
+        secret: str | None = None,
+        record: Record | None = None,
+    ) -> tuple[str | None, str | None] | None:
+        """Set (or with None, clear) the agent's wake URL; ``secret`` replaces its signing
+        secret (one is minted with the first URL if it has none). Returns (url, secret),
+        or None for an unknown agent."""
+        ...
+
+    def wake_target(self, workspace: str, agent: str) -> tuple[str, str, bool] | None:
+        """(url, secret, allow_private) for an agent with a wake URL, else None."""
+        ...
 
     def sweep(self) -> int:
         """Settle expired leases: no attempts left → failed, else queued again (epoch bumped,

@@ -13,7 +13,8 @@ Invariants the schema itself holds, whatever the SQL above it gets wrong:
 - the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only;
 - ``push_on_state`` / ``push_on_event``: every change of a task's state or turn, and
   every event stored for it, writes one ``push_outbox`` row per push config of that task,
-  in the transaction of the change — no statement can change a task and forget a push.
+  in the transaction of the change — no statement can change a task and forget a push;
+- ``task_route_approved``: at most one approved route per (workspace, agent, capability).
 """
 
 from __future__ import annotations
@@ -257,6 +258,40 @@ SQLITE: tuple[tuple[str, ...], ...] = (
              WHERE c.task_id = NEW.task_id;
            END""",
     ),
+    # v7 — task routes: how a receiving agent runs a capability (adapter, bound session,
+    # working directory, unattended profile, options), proposed by the agent and approved
+    # or revoked by the owner; the partial unique index keeps one approved route per
+    # (agent, capability) whatever the SQL above gets wrong. Agents get their receiver's
+    # last sighting (the claim is the heartbeat) and an optional signed wake-up webhook.
+    (
+        """CREATE TABLE task_route (
+            id TEXT PRIMARY KEY,
+            workspace TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            capability TEXT NOT NULL,
+            adapter TEXT NOT NULL,
+            session TEXT,
+            cwd TEXT,
+            profile TEXT,
+            options TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending','approved','revoked')),
+            proposed_at INTEGER NOT NULL,
+            proposed_by TEXT NOT NULL,
+            approved_at INTEGER,
+            approved_by TEXT,
+            revoked_at INTEGER,
+            revoked_by TEXT,
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        ) STRICT""",
+        """CREATE UNIQUE INDEX task_route_approved ON task_route (workspace, agent, capability)
+           WHERE state = 'approved'""",
+        "CREATE INDEX task_route_ws ON task_route (workspace, proposed_at)",
+        "CREATE INDEX task_route_agent ON task_route (workspace, agent, state)",
+        "ALTER TABLE agent ADD COLUMN receiver_seen_at INTEGER",
+        "ALTER TABLE agent ADD COLUMN receiver_info TEXT",
+        "ALTER TABLE agent ADD COLUMN wake_url TEXT",
+        "ALTER TABLE agent ADD COLUMN wake_secret TEXT",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -498,6 +533,36 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
            END $$""",
         """CREATE TRIGGER push_on_event AFTER INSERT ON task_event FOR EACH ROW
            EXECUTE FUNCTION push_on_event()""",
+    ),
+    # v7 — task routes, receivers' last sighting, wake-ups (see the SQLite v7 for the why)
+    (
+        """CREATE TABLE task_route (
+            id text PRIMARY KEY,
+            workspace text NOT NULL,
+            agent text NOT NULL,
+            capability text NOT NULL,
+            adapter text NOT NULL,
+            session text,
+            cwd text,
+            profile text,
+            options text NOT NULL,
+            state text NOT NULL CHECK (state IN ('pending','approved','revoked')),
+            proposed_at timestamptz NOT NULL DEFAULT now(),
+            proposed_by text NOT NULL,
+            approved_at timestamptz,
+            approved_by text,
+            revoked_at timestamptz,
+            revoked_by text,
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        )""",
+        """CREATE UNIQUE INDEX task_route_approved ON task_route (workspace, agent, capability)
+           WHERE state = 'approved'""",
+        "CREATE INDEX task_route_ws ON task_route (workspace, proposed_at)",
+        "CREATE INDEX task_route_agent ON task_route (workspace, agent, state)",
+        "ALTER TABLE agent ADD COLUMN receiver_seen_at timestamptz",
+        "ALTER TABLE agent ADD COLUMN receiver_info text",
+        "ALTER TABLE agent ADD COLUMN wake_url text",
+        "ALTER TABLE agent ADD COLUMN wake_secret text",
     ),
 )
 

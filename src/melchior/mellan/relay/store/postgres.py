@@ -36,6 +36,7 @@ from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
     NewPush,
+    NewRoute,
     NewTask,
     StoreUnavailable,
     TaskState,
@@ -457,6 +458,65 @@ class _Tx:
             (workspace, code_hash),
         )
 
+    # -- task routes, receivers, wake-ups (rules: store/routes.py) --------------------------
+    def insert_route(self, route_id: str, route: NewRoute) -> Row:
+        row = self.one(
+            "INSERT INTO task_route (id, workspace, agent, capability, adapter, session, cwd,"
+            " profile, options, state, proposed_at, proposed_by)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'pending', {_NOW}, %s) RETURNING *",
+            (route_id, route.workspace, route.agent, route.capability, route.adapter,
+             route.session, route.cwd, route.profile, route.options, route.proposed_by),
+        )  # fmt: skip
+        assert row is not None
+        return row
+
+    def route_row(self, workspace: str, route_id: str) -> Row | None:
+        sql = "SELECT * FROM task_route WHERE workspace = %s AND id = %s FOR UPDATE"
+        return self.one(sql, (workspace, route_id))
+
+    def route_to(
+        self, workspace: str, route_id: str, state: str, by: str, from_states: Sequence[str]
+    ) -> Row | None:
+        col = "approved" if state == "approved" else "revoked"
+        return self.one(
+            f"UPDATE task_route SET state = %s, {col}_at = {_NOW}, {col}_by = %s"
+            " WHERE workspace = %s AND id = %s AND state = ANY(%s) RETURNING *",
+            (state, by, workspace, route_id, list(from_states)),
+        )
+
+    def supersede_routes(
+        self, workspace: str, agent: str, capability: str, keep: str, by: str
+    ) -> list[Row]:
+        return self.all(
+            f"UPDATE task_route SET state = 'revoked', revoked_at = {_NOW}, revoked_by = %s"
+            " WHERE workspace = %s AND agent = %s AND capability = %s AND state = 'approved'"
+            " AND id <> %s RETURNING *",
+            (by, workspace, agent, capability, keep),
+        )
+
+    def approved_routes(self, workspace: str, agent: str) -> list[Row]:
+        sql = "SELECT * FROM task_route WHERE workspace = %s AND agent = %s AND state = 'approved'"
+        return self.all(sql, (workspace, agent))
+
+    def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
+        return (
+            self.run(
+                f"UPDATE agent SET receiver_seen_at = {_NOW},"
+                " receiver_info = COALESCE(%s, receiver_info) WHERE workspace = %s AND id = %s",
+                (info, workspace, agent),
+            )
+            == 1
+        )
+
+    def set_wake(
+        self, workspace: str, agent: str, url: str | None, secret: str | None
+    ) -> Row | None:
+        return self.one(
+            "UPDATE agent SET wake_url = %s, wake_secret = COALESCE(%s, wake_secret)"
+            " WHERE workspace = %s AND id = %s RETURNING wake_url, wake_secret",
+            (url, secret, workspace, agent),
+        )
+
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
     def task_mark(self, workspace: str, task_id: str) -> Row | None:
         return self.one(
@@ -608,11 +668,12 @@ class _Tx:
 
 
 def _retryable(exc: BaseException) -> bool:
-    """Serialization/deadlock aborts, and a claim racing on a session slot: try again."""
+    """Serialization/deadlock aborts, a claim racing on a session slot, and two approvals
+    racing on one (agent, capability): try again (the retried approval supersedes)."""
     if isinstance(exc, pgerr.TransactionRollback):
         return True
     return isinstance(exc, pgerr.UniqueViolation) and (
-        exc.diag.constraint_name == "task_session_slot"
+        exc.diag.constraint_name in ("task_session_slot", "task_route_approved")
     )
 
 

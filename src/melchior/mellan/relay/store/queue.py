@@ -50,6 +50,7 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
+from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
 
 T = TypeVar("T")
 Row = C.RowLike
@@ -60,7 +61,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(PushTx, Protocol):
+class Tx(PushTx, RouteTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -136,7 +137,7 @@ class Tx(PushTx, Protocol):
     def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
-class QueueStore(ReadQueries, PushQueue):
+class QueueStore(ReadQueries, PushQueue, RouteQueue):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle)."""
@@ -457,10 +458,12 @@ class QueueStore(ReadQueries, PushQueue):
                 key=lambda r: int(r["seq"]),
             )
             leases = []
+            routes = self._routes_for(tx, workspace, receiver) if rows else {}
             for r in rows:
                 task = C.task_from_row(r)
                 tx.topics.append(task_topic(task.id))
-                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"])))
+                route = routes.get(task.capability)
+                leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"]), route))
             if actor is not None:
                 self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases

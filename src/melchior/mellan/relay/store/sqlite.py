@@ -29,6 +29,7 @@ from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
     NewPush,
+    NewRoute,
     NewTask,
     StoreError,
     StoreUnavailable,
@@ -428,6 +429,67 @@ class _Tx:
             "UPDATE enrollment SET expires_at = :now WHERE workspace = :ws AND code_hash = :h"
             " AND used_at IS NULL AND expires_at > :now RETURNING agent_id",
             {"now": self.now, "ws": workspace, "h": code_hash},
+        )
+
+    # -- task routes, receivers, wake-ups (rules: store/routes.py) --------------------------
+    def insert_route(self, route_id: str, route: NewRoute) -> sqlite3.Row:
+        row = self.one(
+            "INSERT INTO task_route (id, workspace, agent, capability, adapter, session, cwd,"
+            " profile, options, state, proposed_at, proposed_by)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) RETURNING *",
+            (route_id, route.workspace, route.agent, route.capability, route.adapter,
+             route.session, route.cwd, route.profile, route.options, self.now,
+             route.proposed_by),
+        )  # fmt: skip
+        assert row is not None
+        return row
+
+    def route_row(self, workspace: str, route_id: str) -> sqlite3.Row | None:
+        sql = "SELECT * FROM task_route WHERE workspace = ? AND id = ?"
+        return self.one(sql, (workspace, route_id))
+
+    def route_to(
+        self, workspace: str, route_id: str, state: str, by: str, from_states: Sequence[str]
+    ) -> sqlite3.Row | None:
+        col = "approved" if state == "approved" else "revoked"
+        marks = ", ".join("?" * len(from_states))
+        return self.one(
+            f"UPDATE task_route SET state = ?, {col}_at = ?, {col}_by = ?"
+            f" WHERE workspace = ? AND id = ? AND state IN ({marks}) RETURNING *",
+            (state, self.now, by, workspace, route_id, *from_states),
+        )
+
+    def supersede_routes(
+        self, workspace: str, agent: str, capability: str, keep: str, by: str
+    ) -> list[sqlite3.Row]:
+        return self.all(
+            "UPDATE task_route SET state = 'revoked', revoked_at = ?, revoked_by = ?"
+            " WHERE workspace = ? AND agent = ? AND capability = ? AND state = 'approved'"
+            " AND id <> ? RETURNING *",
+            (self.now, by, workspace, agent, capability, keep),
+        )
+
+    def approved_routes(self, workspace: str, agent: str) -> list[sqlite3.Row]:
+        sql = "SELECT * FROM task_route WHERE workspace = ? AND agent = ? AND state = 'approved'"
+        return self.all(sql, (workspace, agent))
+
+    def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
+        return (
+            self.run(
+                "UPDATE agent SET receiver_seen_at = ?,"
+                " receiver_info = COALESCE(?, receiver_info) WHERE workspace = ? AND id = ?",
+                (self.now, info, workspace, agent),
+            )
+            == 1
+        )
+
+    def set_wake(
+        self, workspace: str, agent: str, url: str | None, secret: str | None
+    ) -> sqlite3.Row | None:
+        return self.one(
+            "UPDATE agent SET wake_url = ?, wake_secret = COALESCE(?, wake_secret)"
+            " WHERE workspace = ? AND id = ? RETURNING wake_url, wake_secret",
+            (url, secret, workspace, agent),
         )
 
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
