@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "send": ("melchior.mellan.commands.send", "send an A2A task as a calling agent"),
     "credential": ("melchior.mellan.commands.credential", "revoke a credential"),
     "push": ("melchior.mellan.commands.push", "push notifications: signing secret, private hosts"),
-    "receiver": ("melchior.mellan.commands.receiver", "run, watch or install this agent's receiver"),
+    "receiver": ("melchior.mellan.commands.receiver", "run, watch or install a receiver"),
 }
 
 

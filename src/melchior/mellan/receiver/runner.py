@@ -33,7 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from melchior.mellan.client.receiver_api import AsyncReceiverClient, ClaimedTask, ReceiverError
+from melchior.mellan.client.receiver_api import (
+    AsyncReceiverClient,
+    ClaimedTask,
+    ReceiverError,
+    Route,
+)
 from melchior.mellan.receiver import prompt
 from melchior.mellan.receiver.config import ReceiverConfig, resolve_program
 from melchior.mellan.receiver.sessions import Sessions
@@ -81,7 +86,6 @@ class Shared:
     board: Board
     sessions: Sessions
     agent: str
-    runtimes: dict[str, Runtime] = field(default_factory=dict)
     session_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     revoked: Callable[[str], None] = lambda reason: None
 
@@ -124,16 +128,13 @@ def refusal(task_id: str, turn: int, epoch: int, decision: Decision) -> Report:
     return Report(task_id, turn, epoch, "fail", body, time.time())
 
 
-def judge(
-    route: Mapping[str, Any], capability: str, config: ReceiverConfig
-) -> tuple[Decision, Path | None]:
+def judge(route: Route, capability: str, config: ReceiverConfig) -> tuple[Decision, Path | None]:
     """The allow-list's decision on ``route``, and the working directory it resolves to."""
     from melchior.policy.decision import refuse
 
-    adapter = str(route.get("adapter") or "")
-    options = route.get("options")
-    options = options if isinstance(options, Mapping) else {}
-    cwd_text = route.get("cwd")
+    adapter = route.adapter
+    options = route.options
+    cwd_text = route.cwd
     if cwd_text is None:
         cwd = config.allow.dirs[0] if config.allow.dirs else None
         if cwd is None:
@@ -145,7 +146,7 @@ def judge(
                 ),
                 None,
             )
-    elif not isinstance(cwd_text, str) or not os.path.isabs(cwd_text):
+    elif not os.path.isabs(cwd_text):
         return (
             refuse("cwd-not-allowed", f"the route's cwd {cwd_text!r} is not an absolute path"),
             None,
@@ -209,9 +210,8 @@ class TaskRun:
         decision, cwd = judge(route, self.capability, self.s.config)
         if not decision or cwd is None:
             return await self._refuse(decision)
-        adapter = str(route["adapter"])
-        session = route.get("session")
-        session = session if isinstance(session, str) and session else None
+        adapter = route.adapter
+        session = route.session or None
         key = f"route:{session}" if session else None
         if key is None:
             return await self._execute(route, adapter, cwd, session)
@@ -225,17 +225,15 @@ class TaskRun:
         self.say(f"refused ({decision.rule}): {decision.reason}")
         return await self._spool(refusal(self.tid, self.turn, self.epoch, decision))
 
-    def _runtime(self, adapter: str) -> Runtime:
-        runtime = self.s.runtimes.get(adapter)
-        if runtime is None:
-            runtime = runtime_for(adapter, self.s.config.adapters.get(adapter, {}))
-            self.s.runtimes[adapter] = runtime
-        return runtime
+    def _runtime(self, adapter: str, options: Mapping[str, Any]) -> Runtime:
+        """The adapter with this turn's options: local defaults, the profile, the route's
+        (checked at once: a bad option fails the turn, naming it)."""
+        return runtime_for(adapter, {**self.s.config.adapters.get(adapter, {}), **options})
 
     async def _execute(
-        self, route: Mapping[str, Any], adapter: str, cwd: Path, bound: str | None
+        self, route: Route, adapter: str, cwd: Path, bound: str | None
     ) -> Report | None:
-        profile_name = route.get("profile")
+        profile_name = route.profile
         profile: Mapping[str, Any] = {}
         if isinstance(profile_name, str) and profile_name:
             if profile_name not in self.s.config.profiles:
@@ -249,10 +247,9 @@ class TaskRun:
                     )
                 )
             profile = self.s.config.profiles[profile_name]
-        options = route.get("options")
-        options = dict(options) if isinstance(options, Mapping) else {}
+        options = dict(route.options)
         try:
-            runtime = self._runtime(adapter)
+            runtime = self._runtime(adapter, {**profile, **options})
         except RuntimeConfigError as exc:
             return await self._spool(
                 Report(self.tid, self.turn, self.epoch, "fail",
@@ -275,7 +272,6 @@ class TaskRun:
             message=message,
             session=session,
             env=env,
-            options={**profile, **options},
         )
         self.s.board.start(
             Running(

@@ -1,0 +1,179 @@
+"""``mellan receiver run`` as a real process beside a real relay, on SQLite and PostgreSQL:
+a task sent through the A2A entry is run by the route's ``command`` adapter and its
+result returns to the caller; the refusals (no route, outside the allow-list) and the
+turn-aware follow-up."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from receiver_kit import (
+    Net,
+    executions,
+    make_net,
+    receiving,
+    result_text,
+    wait_for,
+    worker_route,
+    write_config,
+)
+from relay_proc import RelayProc, db_url_fixture, relay_fixture
+
+__all__ = ["db_url_fixture", "relay_fixture"]
+
+
+def setup(relay: RelayProc, tmp_path: Path) -> tuple[Net, Path, Path]:
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    return net, work, write_config(tmp_path / "receiver.toml", net, work)
+
+
+def test_a_sent_task_runs_once_and_its_answer_returns(relay: RelayProc, tmp_path: Path) -> None:
+    net, work, config = setup(relay, tmp_path)
+    count = tmp_path / "count"
+    worker_route(net, work, tmp_path / "worker.py")
+    with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
+        task_id = net.send("hello there")
+        view = net.settled(task_id)
+        assert view["state"] == "succeeded", (view["error"], rp.lines)
+        assert result_text(view) == "done: HELLO THERE (turn 1)"
+        artifacts = view["result"]["artifacts"]
+        assert artifacts[0]["parts"][0]["text"] == "done: HELLO THERE (turn 1)"
+        rp.wait_line(f"task {task_id}: complete acknowledged")
+        # the spool is empty once the relay acknowledged
+        assert list((tmp_path / "state" / "spool").glob("*.json")) == []
+    assert executions(count, task_id) == 1
+    assert executions(count, task_id, "end") == 1
+
+
+def test_no_approved_route_fails_the_task_for_good(relay: RelayProc, tmp_path: Path) -> None:
+    net, work, config = setup(relay, tmp_path)
+    net.propose(adapter="command", cwd=str(work), options={"argv": ["true"]})  # not approved
+    with receiving(net, config):
+        view = net.settled(net.send("hello"))
+    assert view["state"] == "failed"
+    assert view["attempt"] == 1  # not retried
+    assert "(no-route)" in view["error"]
+    assert "mellan route approve" in view["error"]
+
+
+def test_routes_outside_the_allow_list_are_refused_naming_the_rule(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    net, work, config = setup(relay, tmp_path)
+    count = tmp_path / "count"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = tmp_path / "worker.py"
+    cases = [
+        ({"adapter": "codex", "cwd": str(work)}, "adapter-not-allowed", "allow.adapters"),
+        (
+            {"adapter": "command", "cwd": str(elsewhere),
+             "options": {"argv": [sys.executable, str(script)]}},
+            "cwd-not-allowed", "allow.cwd",
+        ),
+        (
+            {"adapter": "command", "cwd": str(work / ".." / "elsewhere"),
+             "options": {"argv": [sys.executable, str(script)]}},
+            "cwd-not-allowed", "allow.cwd",
+        ),
+        (
+            {"adapter": "command", "cwd": str(work), "options": {"argv": ["/bin/sh", "-c", "id"]}},
+            "program-not-allowed", "allow.programs",
+        ),
+        (
+            {"adapter": "command", "cwd": str(work),
+             "options": {"argv": [sys.executable, str(script)], "env": {"LD_PRELOAD": "/x.so"}}},
+            "env-not-allowed", "allow.route_env",
+        ),
+    ]  # fmt: skip
+    (work / "link").symlink_to(elsewhere)
+    cases.append(
+        (
+            {
+                "adapter": "command",
+                "cwd": str(work / "link"),
+                "options": {"argv": [sys.executable, str(script)]},
+            },
+            "cwd-not-allowed",
+            "allow.cwd",
+        )
+    )
+    script.write_text("print('ran')\n")
+    with receiving(net, config, env={"COUNT_FILE": str(count)}):
+        for body, rule, key in cases:
+            net.route(**body)
+            view = net.settled(net.send("hello"))
+            assert view["state"] == "failed", (rule, view)
+            assert f"refused by the receiver ({rule})" in view["error"], view["error"]
+            assert key in view["error"]
+            assert view["attempt"] == 1
+    assert not count.exists()
+
+
+def test_an_answer_after_input_required_is_the_next_turn(relay: RelayProc, tmp_path: Path) -> None:
+    net, work, config = setup(relay, tmp_path)
+    count = tmp_path / "count"
+    worker_route(net, work, tmp_path / "worker.py")
+    with receiving(net, config, env={"COUNT_FILE": str(count)}):
+        task_id = net.send("ask me")
+        view = net.settled(task_id)
+        assert view["state"] == "input_required"
+        assert result_text(view) == "which one?"
+        net.send("the blue one", task=task_id)
+        view = net.settled(task_id)
+    assert view["state"] == "succeeded", view
+    assert view["turn"] == 2
+    assert result_text(view) == "done: THE BLUE ONE (turn 2)"
+    assert executions(count, task_id) == 2
+
+
+def test_status_file_and_command(relay: RelayProc, tmp_path: Path) -> None:
+    import subprocess
+
+    from relay_proc import MELLAN
+
+    net, work, config = setup(relay, tmp_path)
+    worker_route(net, work, tmp_path / "worker.py")
+    with receiving(net, config) as rp:
+        task_id = net.send("sleep 30")
+        rp.wait_line(f"task {task_id}: started turn 1")
+
+        def running() -> dict[str, object] | None:
+            out = subprocess.run(
+                [MELLAN, "receiver", "status", "--json", "--config", str(config)],
+                capture_output=True, text=True, env={**net.relay.env, "RECEIVER_TOKEN": "x"},
+            )  # fmt: skip
+            state = json.loads(out.stdout) if out.returncode == 0 else None
+            if state and state["running"] and state["running"][0]["last_progress"]:
+                return state
+            return None
+
+        state = wait_for(running, "the status to show the running task")
+        assert state["alive"] is True
+        assert state["agent"] == "private/ops"
+        (row,) = state["running"]
+        assert row["task"] == task_id
+        assert row["adapter"] == "command"
+        assert row["capability"] == "incident.inspect"
+        assert row["turn"] == 1
+        assert "started" in row["last_progress"]
+        text = subprocess.run(
+            [MELLAN, "receiver", "status", "--config", str(config)],
+            capture_output=True, text=True, env={**net.relay.env, "RECEIVER_TOKEN": "x"},
+        ).stdout  # fmt: skip
+        assert task_id in text
+        assert "incident.inspect" in text
+        assert "LAST PROGRESS" in text
+        with net.owner() as c:
+            c.post(f"/api/tasks/{task_id}/cancel")
+        net.settled(task_id)
+    after = subprocess.run(
+        [MELLAN, "receiver", "status", "--config", str(config)],
+        capture_output=True, text=True, env={**net.relay.env, "RECEIVER_TOKEN": "x"},
+    )  # fmt: skip
+    assert after.returncode == 1
+    assert "is not running" in after.stdout
