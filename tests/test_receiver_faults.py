@@ -1,0 +1,119 @@
+"""Faults with real processes, on SQLite and PostgreSQL: a ``mellan relay`` subprocess, the
+receiver as a subprocess killed with SIGKILL, the work a script that counts its own
+executions in a file. Leases are made to run out with the store's ``expire_leases``
+drill instead of waiting out a TTL (the next claim or sweep settles them exactly as a
+real expiry)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from melchior.mellan.relay.store.base import Store
+from receiver_kit import (
+    Net,
+    executions,
+    make_net,
+    receiving,
+    result_text,
+    start_receiver,
+    wait_for,
+    worker_route,
+    write_config,
+)
+from relay_proc import RelayProc, db_url_fixture, relay_fixture, store_fixture
+
+__all__ = ["db_url_fixture", "relay_fixture", "store_fixture"]
+
+
+def setup(relay: RelayProc, tmp_path: Path) -> tuple[Net, Path, Path, Path]:
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work)
+    worker_route(net, work, tmp_path / "worker.py")
+    return net, work, config, tmp_path / "count"
+
+
+def completions(net: Net, task_id: str) -> list[dict[str, object]]:
+    return [
+        r
+        for r in net.audit()
+        if r["action"] == "task.complete" and r["subject"] == task_id and r["allowed"]
+    ]
+
+
+def kill_orphans(count: Path) -> None:
+    """The first run's program outlives a SIGKILLed receiver (it is in its own process
+    group); stop what is left of it so nothing leaks past the test."""
+    if not count.exists():
+        return
+    for line in count.read_text().splitlines():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[1]), signal.SIGKILL)
+
+
+def test_receiver_killed_mid_task_the_task_is_reclaimed_and_completes_once(
+    relay: RelayProc, store: Store, tmp_path: Path
+) -> None:
+    net, _, config, count = setup(relay, tmp_path)
+    env = {"COUNT_FILE": str(count)}
+    first = start_receiver(net, config, env=env)
+    try:
+        task_id = net.send("sleep 3")
+        first.wait_line(f"task {task_id}: started turn 1")
+        wait_for(lambda: executions(count, task_id) == 1, "the first run to start")
+        first.kill()
+        kill_orphans(count)
+        assert net.task(task_id)["state"] == "leased"
+        store.expire_leases([task_id])  # the dead receiver's lease runs out
+        with receiving(net, config, env=env) as second:
+            view = net.settled(task_id)
+            assert view["state"] == "succeeded", (view["error"], second.lines)
+    finally:
+        first.kill()
+    assert view["attempt"] == 2
+    assert result_text(view) == "done: SLEEP 3 (turn 1)"
+    assert len(completions(net, task_id)) == 1
+    assert executions(count, task_id) == 2  # at least once: the first run died unfinished
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["lease-held", "lease-expired"])
+def test_killed_after_spooling_the_result_is_reported_not_run_again(
+    relay: RelayProc, store: Store, tmp_path: Path, expired: bool
+) -> None:
+    net, _, config, count = setup(relay, tmp_path)
+    env = {"COUNT_FILE": str(count)}
+    dying = start_receiver(
+        net, config, env={**env, "MELLAN_RECEIVER_TEST_HOOK": "kill-after-spool"}
+    )
+    task_id = net.send("hello")
+    dying.proc.wait(timeout=60)
+    assert dying.proc.returncode == -signal.SIGKILL
+    assert executions(count, task_id, "end") == 1
+    assert len(list((tmp_path / "state" / "spool").glob("*.json"))) == 1
+    assert net.task(task_id)["state"] == "leased"  # the relay has not heard of it
+    if expired:
+        # the lease ran out and was settled before the receiver came back: the task is
+        # queued again, and the spooled report's epoch is stale
+        store.expire_leases([task_id])
+        assert store.sweep() >= 1
+        assert net.task(task_id)["state"] == "queued"
+    with receiving(net, config, env=env) as rp:
+        view = net.settled(task_id)
+        assert view["state"] == "succeeded", (view["error"], rp.lines)
+        if expired:
+            rp.wait_line("kept the result in case the task comes back here")
+            rp.wait_line(f"task {task_id}: turn 1 already ran here (complete)")
+        else:
+            rp.wait_line("reporting 1 spooled result(s) before claiming new work")
+        rp.wait_line(f"task {task_id}: complete acknowledged")
+    assert result_text(view) == "done: HELLO (turn 1)"
+    assert executions(count, task_id) == 1  # the work ran once
+    assert len(completions(net, task_id)) == 1
+    assert view["attempt"] == (2 if expired else 1)
+    assert list((tmp_path / "state" / "spool").glob("*.json")) == []
