@@ -162,6 +162,14 @@ class ReceiverProc:
     proc: subprocess.Popen[str]
     config: Path
     lines: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
+
+    def finish(self, timeout: float = DEADLINE) -> int:
+        """Wait for the receiver to exit on its own and for all its output."""
+        code = self.proc.wait(timeout=timeout)
+        if self.pump is not None:
+            self.pump.join(timeout=timeout)
+        return code
 
     def wait_line(self, needle: str, deadline: float = DEADLINE) -> str:
         def seen() -> str | None:
@@ -244,7 +252,8 @@ def start_receiver(
             for line in iter(proc.stdout.readline, ""):
                 rp.lines.append(line.rstrip("\n"))
 
-    threading.Thread(target=pump, daemon=True).start()
+    rp.pump = threading.Thread(target=pump, daemon=True)
+    rp.pump.start()
     return rp
 
 

@@ -92,8 +92,7 @@ def test_killed_after_spooling_the_result_is_reported_not_run_again(
         net, config, env={**env, "MELLAN_RECEIVER_TEST_HOOK": "kill-after-spool"}
     )
     task_id = net.send("hello")
-    dying.proc.wait(timeout=60)
-    assert dying.proc.returncode == -signal.SIGKILL
+    assert dying.finish() == -signal.SIGKILL
     assert executions(count, task_id, "end") == 1
     assert len(list((tmp_path / "state" / "spool").glob("*.json"))) == 1
     assert net.task(task_id)["state"] == "leased"  # the relay has not heard of it
@@ -117,3 +116,30 @@ def test_killed_after_spooling_the_result_is_reported_not_run_again(
     assert len(completions(net, task_id)) == 1
     assert view["attempt"] == (2 if expired else 1)
     assert list((tmp_path / "state" / "spool").glob("*.json")) == []
+
+
+def test_a_revoked_credential_stops_claiming_and_says_why(relay: RelayProc, tmp_path: Path) -> None:
+    net, _, config, count = setup(relay, tmp_path)
+    with relay.client(net.receiver_token) as c:
+        credential = c.get("/api/whoami").json()["credential_id"]
+    rp = start_receiver(net, config, env={"COUNT_FILE": str(count)})
+    try:
+        done = net.settled(net.send("first"))
+        assert done["state"] == "succeeded"
+        with net.owner() as c:
+            assert c.post(f"/api/credentials/{credential}/revoke").status_code == 200
+        assert rp.finish() == 77
+        said = "\n".join(rp.lines)
+        assert "stopping: the relay refuses this receiver's credential" in said
+        assert "revoked or expired" in said
+        assert "mellan join" in said
+        # nothing claims any more: new work stays queued
+        later = net.send("second")
+        assert net.task(later)["state"] == "queued"
+    finally:
+        rp.stop()
+    # started again with the revoked credential: refused at once, same words
+    again = start_receiver(net, config)
+    assert again.finish() == 77
+    assert any("the relay refuses this receiver's credential" in line for line in again.lines)
+    assert net.task(later)["state"] == "queued"
