@@ -41,9 +41,10 @@ if count:
 word, _, rest = text.partition(" ")
 if word == "sleep":
     time.sleep(float(rest.split()[0]))
-elif word == "child":  # a grandchild that would outlive a careless kill
-    import subprocess
+elif word == "child":  # a grandchild that would outlive a careless kill; TERM ignored
+    import signal, subprocess
     kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with open(os.environ["PID_FILE"], "a") as f:
         f.write(f"{os.getpid()} {kid.pid}\n")
     time.sleep(600)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from receiver_kit import (
     worker_route,
     write_config,
 )
-from relay_proc import RelayProc, db_url_fixture, relay_fixture, store_fixture
+from relay_proc import RelayProc, db_url_fixture, relay_fixture, start_relay, store_fixture
 
 __all__ = ["db_url_fixture", "relay_fixture", "store_fixture"]
 
@@ -143,3 +145,128 @@ def test_a_revoked_credential_stops_claiming_and_says_why(relay: RelayProc, tmp_
     assert again.finish() == 77
     assert any("the relay refuses this receiver's credential" in line for line in again.lines)
     assert net.task(later)["state"] == "queued"
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (where PID 1 does not reap orphans one stays a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def test_cancel_stops_the_whole_process_tree_and_the_task_ends_cancelled(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work)
+    worker_route(net, work, tmp_path / "worker.py", grace=1)
+    pids = tmp_path / "pids"
+    with receiving(net, config, env={"PID_FILE": str(pids)}) as rp:
+        task_id = net.send("child")
+        found = wait_for(lambda: pids.exists() and pids.read_text().split(), "the worker's pids")
+        tree = [int(p) for p in found]
+        assert all(running(p) for p in tree)
+        with net.owner() as c:
+            assert c.post(f"/api/tasks/{task_id}/cancel").status_code == 200
+        rp.wait_line(f"task {task_id}: cancelled by the caller; the adapter was stopped")
+        # the line is written after the adapter stopped its group: TERM (ignored by the
+        # program), KILL after the 1 s grace, the grandchild with it
+        assert not any(running(p) for p in tree)
+        view = net.task(task_id)
+    assert view["state"] == "cancelled"
+    assert view["attempt"] == 1
+    acts = [r["action"] for r in net.audit() if r["subject"] == task_id]
+    assert "task.cancel_ack" in acts
+    assert "task.fail" not in acts
+    assert "task.complete" not in acts
+
+
+def test_two_tasks_bound_to_one_session_never_overlap(relay: RelayProc, tmp_path: Path) -> None:
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work, concurrency=4)
+    script = tmp_path / "worker.py"
+    worker_route(net, work, script)
+    count = tmp_path / "count"
+    with receiving(net, config, env={"COUNT_FILE": str(count)}):
+        # unbound: two tasks in two contexts may run side by side
+        free = [net.send("sleep 1", context=f"ctx-free-{i}") for i in range(2)]
+        for tid in free:
+            assert net.settled(tid)["state"] == "succeeded"
+        net.route(adapter="command", cwd=str(work), session="sess-1",
+                  options={"argv": [sys.executable, str(script)]})  # fmt: skip
+        bound = [net.send("sleep 0.5", context=f"ctx-{i}") for i in range(3)]
+        for tid in bound:
+            assert net.settled(tid)["state"] == "succeeded"
+    events = [
+        (line.split()[0], line.split()[-1])
+        for line in count.read_text().splitlines()
+        if line.split()[0] in bound
+    ]
+    assert len(events) == 6
+    for i in range(0, 6, 2):  # start, end, start, end, ... one task at a time
+        assert events[i][1] == "start", events
+        assert events[i + 1] == (events[i][0], "end"), events
+    assert [e[0] for e in events[::2]] == bound  # in the order they were sent
+
+
+def test_relay_restarted_mid_task_nothing_is_lost(
+    relay: RelayProc, db_url: str, tmp_path: Path
+) -> None:
+    net, _, config, count = setup(relay, tmp_path)
+    port = relay.url.rsplit(":", 1)[1]
+    current = relay
+    try:
+        with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
+            task_id = net.send("sleep 1")
+            rp.wait_line(f"task {task_id}: started turn 1")
+            assert relay.stop() == 0
+            # the work finishes while the relay is away: its result waits in the spool
+            rp.wait_line(f"task {task_id}: reporting failed")
+            assert executions(count, task_id, "end") == 1
+            current = start_relay(db_url, tmp_path, "--port", port, token_file=relay.token_file)
+            net.relay = current
+            view = net.settled(task_id)
+            assert view["state"] == "succeeded", (view["error"], rp.lines)
+            rp.wait_line(f"task {task_id}: complete acknowledged")
+            # and the receiver claims again from the restarted relay
+            again = net.settled(net.send("after"))
+            assert again["state"] == "succeeded"
+        assert executions(count, task_id) == 1
+        assert len(completions(net, task_id)) == 1
+    finally:
+        if current is not relay:
+            current.stop()
+
+
+@pytest.mark.postgres
+def test_postgres_connections_terminated_the_receiver_recovers(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    relay = start_relay(pg_url, tmp_path)
+    try:
+        net, _, config, count = setup(relay, tmp_path)
+        with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
+            tasks = [net.send(f"sleep 0.{i}") for i in range(1, 4)]
+            rp.wait_line("started turn 1")
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                for _ in range(5):  # again and again while the tasks run and report
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                    time.sleep(0.3)
+            views = [net.settled(t) for t in tasks]
+            assert [v["state"] for v in views] == ["succeeded"] * 3, rp.lines
+            later = net.settled(net.send("after"))
+            assert later["state"] == "succeeded"
+        for t in tasks:
+            assert executions(count, t) == 1
+            assert len(completions(net, t)) == 1
+    finally:
+        relay.stop()
