@@ -203,11 +203,18 @@ class ReceiverClient:
         wait: float = 25.0,
         lease_seconds: float = 30.0,
         worker: str | None = None,
+        receiver: dict[str, Any] | None = None,
     ) -> list[ClaimedTask]:
-        """Lease up to ``limit`` tasks, long-polling up to ``wait`` seconds; [] if none came."""
+        """Lease up to ``limit`` tasks, long-polling up to ``wait`` seconds; [] if none came.
+
+        Each claim is also the receiver's heartbeat (the relay shows it online); ``receiver``
+        says what it is: ``{"name", "version", "adapters": [...], "running", "concurrency"}``.
+        Renewals count as heartbeats too, so a receiver too busy to claim stays online."""
         body: dict[str, Any] = {"limit": limit, "wait": wait, "lease_seconds": lease_seconds}
         if worker:
             body["worker"] = worker
+        if receiver is not None:
+            body["receiver"] = receiver
         data = self._post("/api/receiver/claim", body, timeout=wait + self._timeout)
         return [claimed(item) for item in data["leases"]]
 

@@ -18,6 +18,7 @@ from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store
 
 if TYPE_CHECKING:
+    from melchior.mellan.relay.presence import Presence
     from melchior.mellan.relay.push import Pusher
 
 P = ParamSpec("P")
@@ -46,10 +47,15 @@ class Relay:
     unless one is given, e.g. with a test's resolver)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
+    presence: Presence = field(init=False, repr=False)
+    """Which receivers' sightings this replica stored, and when (see :mod:`.presence`)."""
 
     def __post_init__(self) -> None:
+        from melchior.mellan.relay.presence import Presence
+
         self.batcher = Batcher(self)
         self.credentials = Credentials()
+        self.presence = Presence()
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)

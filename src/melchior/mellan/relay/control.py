@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from melchior.mellan.relay import actions
+from melchior.mellan.relay import actions, presence
 from melchior.mellan.relay.actions import (
     ENROLL_TTL_DEFAULT,
     ENROLL_TTL_MAX,
@@ -91,14 +91,20 @@ async def _as_party(
 # -- views ---------------------------------------------------------------------------------------
 
 
-def agent_view(agent: Agent) -> dict[str, Any]:
-    return {
+def agent_view(agent: Agent, now: str | None = None) -> dict[str, Any]:
+    """An agent as JSON; with the database clock ``now``, its receiver's presence too
+    (:func:`melchior.mellan.relay.presence.view`) and whether a wake URL is set."""
+    view: dict[str, Any] = {
         "id": agent.id,
         "workspace": agent.workspace,
         "description": agent.description,
         "capabilities": [{"id": c.id, "description": c.description} for c in agent.capabilities],
         "created_at": agent.created_at,
     }
+    if now is not None:
+        view["receiver"] = presence.view(agent, now)
+        view["wake"] = agent.wake_url is not None
+    return view
 
 
 def grant_view(grant: Grant) -> dict[str, Any]:
@@ -163,7 +169,8 @@ async def list_agents(request: Request) -> Response:
     else:
         mine = await relay.call(relay.store.get_agent, me.workspace, me.subject)
         agents = [mine] if mine is not None else []
-    return JSON({"agents": [agent_view(a) for a in agents]})
+    now = await relay.call(relay.store.now)
+    return JSON({"agents": [agent_view(a, now) for a in agents]})
 
 
 async def get_agent(request: Request) -> Response:
@@ -174,7 +181,7 @@ async def get_agent(request: Request) -> Response:
     agent = await relay.call(relay.store.get_agent, me.workspace, agent_id)
     if agent is None:
         raise not_found(f"agent {agent_id!r}")
-    return JSON(agent_view(agent))
+    return JSON(agent_view(agent, await relay.call(relay.store.now)))
 
 
 # -- enrollment ----------------------------------------------------------------------------------

@@ -18,9 +18,17 @@ claim time (:mod:`melchior.mellan.relay.taskroutes`), read in the claim's transa
 route is approved (it never guesses how to run work). A receiver still checks a route
 against its own local allow-list of adapters and directories before running it.
 
+Presence: the claim is the receiver's heartbeat (renewals count too), stored at most
+every few seconds per agent (:mod:`melchior.mellan.relay.presence`), with what the
+optional ``receiver`` object says; ``GET /api/agents`` shows it online or not. A receiver
+whose slots are all busy and so does not claim still renews its leases (every TTL/3),
+which keeps it online.
+
 Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
 
-    POST /api/receiver/claim            {"limit":1,"wait":25,"lease_seconds":30,"worker":"…"?}
+    POST /api/receiver/claim            {"limit":1,"wait":25,"lease_seconds":30,"worker":"…"?,
+                                         "receiver":{"name","version","adapters":[…],
+                                                     "running":N,"concurrency":N}?}
          → 200 {"leases":[{"task":{…,"payload":<stored request, verbatim>},
                            "epoch":N,"expires_at":"…",
                            "route":{"id","capability","adapter","session","cwd",
@@ -68,12 +76,14 @@ from melchior.mellan.relay.http import (
     task_view,
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
+from melchior.mellan.relay.presence import receiver_info, seen
 from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, TaskTurn, Verdict
 from melchior.mellan.relay.taskroutes import lease_route
+from melchior.policy.presence import MAX_WAIT as ONLINE_MAX_WAIT
 from melchior.policy.visibility import may_see_task
 
 MAX_CLAIM = 100
-MAX_WAIT = 60
+MAX_WAIT = int(ONLINE_MAX_WAIT)  # the online window is reckoned from the same bound
 EVENT_KINDS = ("status", "artifact", "message")
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 300.0
@@ -129,6 +139,7 @@ async def claim(request: Request) -> Response:
     wait = field_number(body, "wait", 0.0, 0.0, MAX_WAIT)
     lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
     worker = field_str(body, "worker", required=False)[:100]
+    await seen(relay, me, receiver_info(body.get("receiver"), wait))
     owner = f"{me.subject}@{me.credential_id}" + (f"/{worker}" if worker else "")
     topic = receiver_topic(me.workspace, me.subject)
     loop = asyncio.get_running_loop()
@@ -195,6 +206,7 @@ async def renew(request: Request) -> Response:
     epoch = field_int(body, "epoch", None, 0, 2**62)
     lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
     await _own_task(relay, me, task_id)
+    await seen(relay, me)
     outcome = await relay.call(
         relay.store.renew, task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)
     )
