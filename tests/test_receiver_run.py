@@ -43,6 +43,12 @@ def test_a_sent_task_runs_once_and_its_answer_returns(relay: RelayProc, tmp_path
         artifacts = view["result"]["artifacts"]
         assert artifacts[0]["parts"][0]["text"] == "done: HELLO THERE (turn 1)"
         rp.wait_line(f"task {task_id}: complete acknowledged")
+        # the claims are the receiver's heartbeat: the relay shows it online, as it said
+        with net.owner() as c:
+            seen = c.get("/api/agents/private/ops").json()["receiver"]
+        assert seen["online"] is True, seen
+        assert seen["info"]["adapters"] == ["command"]
+        assert seen["info"]["concurrency"] == 2
         # the spool is empty once the relay acknowledged
         assert list((tmp_path / "state" / "spool").glob("*.json")) == []
     assert executions(count, task_id) == 1

@@ -212,6 +212,7 @@ class Receiver:
                     wait=self.config.wait,
                     lease_seconds=self.config.lease_seconds,
                     worker=self.config.worker,
+                    extra={"receiver": self._about()},
                 )
             except ReceiverError as exc:
                 if exc.status == 401:
@@ -229,6 +230,18 @@ class Receiver:
                 self._start(tg, lease, sent)
             if not leases and self.config.wait == 0:
                 await self._sleep(1.0)
+
+    def _about(self) -> dict[str, object]:
+        """What the receiver says about itself with each claim (the relay shows it)."""
+        from melchior import __version__
+
+        return {
+            "name": self.config.name,
+            "version": __version__,
+            "adapters": sorted(self.config.allow.adapters),
+            "running": self.running,
+            "concurrency": self.config.concurrency,
+        }
 
     def _start(self, tg: asyncio.TaskGroup, lease: ClaimedTask, claimed_at: float) -> None:
         self.running += 1
