@@ -183,3 +183,52 @@ def test_status_file_and_command(relay: RelayProc, tmp_path: Path) -> None:
     )  # fmt: skip
     assert after.returncode == 1
     assert "is not running" in after.stdout
+
+
+def test_a_signed_wake_up_makes_it_claim_now_and_a_bad_one_is_refused(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    from melchior.mellan.signing import sign
+
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_config(
+        tmp_path / "receiver.toml", net, work,
+        extra=f'[wake]\nlisten = "127.0.0.1:{port}"\nsecret_env = "WAKE_SECRET"\n',
+    )  # fmt: skip
+    text = config.read_text().replace("wait = 5", "wait = 0\npoll = 3600")
+    config.write_text(text)
+    worker_route(net, work, tmp_path / "worker.py")
+    url = f"http://127.0.0.1:{port}/wake"
+    body = b'{"agent":"private/ops","workspace":"default"}'
+    with receiving(net, config, env={"WAKE_SECRET": "s3cret"}) as rp:
+        rp.wait_line(f"wake webhook listening on 127.0.0.1:{port}")
+        rp.wait_line("no work; claiming again every 3600 s")
+        task_id = net.send("hello")
+        # refused: wrong secret, no signature, outside the replay window; nothing happens
+        bad = [
+            sign("other", body, time.time()),
+            {},
+            sign("s3cret", body, time.time() - 3600),
+        ]
+        for headers in bad:
+            r = httpx.post(url, content=body, headers=headers)
+            assert r.status_code == 401, r.text
+        assert [line for line in rp.lines if "wake-up refused" in line][-1].endswith(
+            "(a replay, or clocks out of step)"
+        )
+        assert httpx.get(url).status_code == 405
+        assert net.task(task_id)["state"] == "queued"  # it polls hourly; nobody woke it
+        r = httpx.post(url, content=body, headers=sign("s3cret", body, time.time()))
+        assert r.status_code == 204
+        view = net.settled(task_id)
+    assert view["state"] == "succeeded"

@@ -14,6 +14,7 @@ matters most: it is the machine's own say over what a route from the relay may r
     concurrency = 4                          # tasks at once
     lease_seconds = 30                       # renewed every lease_seconds / 3
     wait = 25                                # claim long-poll, seconds
+    poll = 5                                 # with wait = 0: seconds between claims
     state_dir = "~/.local/share/mellan/receiver/private-ops"   # spool and status file
 
     [allow]
@@ -62,7 +63,7 @@ class ConfigError(ValueError):
 
 TOP_KEYS = (
     "relay", "credential", "agent", "token_env", "concurrency", "lease_seconds", "wait",
-    "state_dir", "name", "worker", "allow", "adapters", "profiles", "wake", "tls",
+    "poll", "state_dir", "name", "worker", "allow", "adapters", "profiles", "wake", "tls",
 )  # fmt: skip
 ALLOW_KEYS = ("adapters", "cwd", "programs", "urls", "bypass", "route_env")
 WAKE_KEYS = ("listen", "secret", "secret_env")
@@ -89,6 +90,7 @@ class ReceiverConfig:
     adapters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     wake: Wake | None = None
+    poll: float = 5.0
     worker: str | None = None
     verify: str | bool = True
     cert: tuple[str, str] | None = None
@@ -309,6 +311,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         adapters=adapters,
         profiles=_tables(data.get("profiles"), "profiles"),
         wake=_wake(data.get("wake"), env),
+        poll=_number(data, "poll", 5, 0.1, 86400),
         worker=_text(data, "worker", ""),
         verify=str(_expand(ca, env)) if ca else True,
         cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,

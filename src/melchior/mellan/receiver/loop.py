@@ -62,6 +62,7 @@ class Receiver:
         self.running = 0
         self._main: asyncio.Task[int] | None = None
         self._supervising = False
+        self._told_poll = False
         self.shared = Shared(
             config=config,
             client=self.client,
@@ -191,8 +192,7 @@ class Receiver:
             await first.wait()
 
     async def _sleep(self, seconds: float) -> None:
-        """Sleep, or less when a wake-up arrives."""
-        self.wake.clear()
+        """Sleep, or less when a wake-up arrived since the last claim was sent."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), seconds)
 
@@ -205,6 +205,7 @@ class Receiver:
                 await self.slot_free.wait()
                 continue
             self.board.claiming = True
+            self.wake.clear()  # a wake-up from now on is news to the claim after this one
             sent = time.monotonic()
             try:
                 leases = await self.client.claim(
@@ -229,7 +230,14 @@ class Receiver:
             for lease in leases:
                 self._start(tg, lease, sent)
             if not leases and self.config.wait == 0:
-                await self._sleep(1.0)
+                self.board.claiming = False
+                if not self._told_poll:
+                    self._told_poll = True
+                    self.say(
+                        f"no work; claiming again every {self.config.poll:g} s "
+                        "(sooner on a wake-up)"
+                    )
+                await self._sleep(self.config.poll)
 
     def _about(self) -> dict[str, object]:
         """What the receiver says about itself with each claim (the relay shows it)."""
