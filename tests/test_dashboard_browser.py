@@ -286,7 +286,7 @@ def test_refusals_foreign_posts_expired_sessions_and_no_session(
     assert "idle too long" in page.content()
     # no session at all: every page sends a browser to sign in
     fresh = _page(chromium)
-    for path in ("/ui/", "/ui/agents", "/ui/grants", "/ui/tasks", "/ui/audit"):
+    for path in ("/ui/", "/ui/agents", "/ui/grants", "/ui/routes", "/ui/tasks", "/ui/audit"):
         fresh.goto(relay.url + path)
         assert "/ui/signin" in fresh.url, path
     _shoot(fresh, shots, "signin")

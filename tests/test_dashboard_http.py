@@ -408,3 +408,84 @@ def test_a_task_that_went_on_shows_each_turn(site: tuple[Server, World]) -> None
     assert "(turn 2)" in page
     assert "answered" in page
     assert shown.index(answer) < shown.index(done_)
+
+
+def test_the_routes_page_approves_and_revokes_through_the_same_actions(
+    site: tuple[Server, World],
+) -> None:
+    server, world = site
+    c, csrf = sign_in(server.url, world.tokens["owner"])
+    empty = c.get("/ui/routes")
+    assert empty.status_code == 200
+    assert "Nothing waits" in empty.text
+    agent = {"authorization": f"Bearer {world.tokens['receiver']}"}
+
+    def propose(**body: object) -> str:
+        r = httpx.post(
+            f"{server.url}/api/routes",
+            json={"capability": "incident.inspect", "adapter": "codex", **body},
+            headers=agent,
+        )
+        assert r.status_code == 201, r.text
+        route_id: str = r.json()["id"]
+        return route_id
+
+    first = propose(session="sess-1", cwd="/srv/<b>repo")
+    page = c.get("/ui/routes")
+    assert first in page.text
+    assert "/srv/&lt;b&gt;repo" in page.text  # what the agent typed is text, never markup
+    assert "<b>" not in page.text.split("<main", 1)[1]
+    assert f'action="/ui/routes/{first}/approve"' in page.text
+    ok = post_form(c, f"/ui/routes/{first}/approve", {"csrf": csrf})
+    assert ok.status_code == 303
+    assert ok.headers["location"] == "/ui/routes?done=route-approved"
+    approved = server.store.approved_route(WS, RECEIVER, "incident.inspect")
+    assert approved is not None
+    assert approved.id == first
+    assert "Route approved" in c.get(ok.headers["location"]).text
+    second = propose(adapter="command", options={"argv": ["/bin/true"]})
+    assert post_form(c, f"/ui/routes/{second}/approve", {"csrf": csrf}).status_code == 303
+    old = server.store.get_route(WS, first)
+    assert old is not None
+    assert old.state.value == "revoked"
+    # a refusal re-renders the page with the reason, as the API words it
+    again = post_form(c, f"/ui/routes/{first}/approve", {"csrf": csrf})
+    assert again.status_code == 409
+    assert "never approved again" in html.unescape(again.text)
+    missing = post_form(c, "/ui/routes/rt_nope/revoke", {"csrf": csrf})
+    assert missing.status_code == 404
+    assert post_form(c, f"/ui/routes/{second}/revoke", {"csrf": csrf}).status_code == 303
+    assert server.store.approved_route(WS, RECEIVER, "incident.inspect") is None
+    # without the session's token nothing changes
+    third = propose()
+    assert post_form(c, f"/ui/routes/{third}/approve", {"x": "1"}).status_code == 403
+    pending = server.store.get_route(WS, third)
+    assert pending is not None
+    assert pending.state.value == "pending"
+    records = server.store.audit_matching(WS, AuditFilter(action="route."), newest_first=False)
+    assert [(r.action, r.actor, r.allowed) for r in records] == [
+        ("route.propose", f"agent:{RECEIVER}", True),
+        ("route.approve", "owner:alice", True),
+        ("route.propose", f"agent:{RECEIVER}", True),
+        ("route.approve", "owner:alice", True),
+        ("route.revoke", "owner:alice", True),
+        ("route.revoke", "owner:alice", False),
+        ("route.revoke", "owner:alice", True),
+        ("route.propose", f"agent:{RECEIVER}", True),
+    ]
+
+
+def test_the_agents_page_shows_receivers_online(site: tuple[Server, World]) -> None:
+    server, world = site
+    c, _ = sign_in(server.url, world.tokens["owner"])
+    assert "never seen: no receiver has claimed work as private/ops" in c.get("/ui/agents").text
+    r = httpx.post(
+        f"{server.url}/api/receiver/claim",
+        json={"wait": 0, "receiver": {"name": "ops-box", "running": 1, "concurrency": 4}},
+        headers={"authorization": f"Bearer {world.tokens['receiver']}"},
+    )
+    assert r.status_code == 200
+    page = c.get("/ui/agents").text
+    assert '<span class="receiver online">online</span>' in page
+    assert "ops-box" in page
+    assert "running 1 of 4" in page

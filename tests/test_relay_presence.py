@@ -128,3 +128,22 @@ def test_claims_show_the_receiver_online(relay: tuple[Server, World]) -> None:
     assert list(mine) == [RECEIVER]
     assert mine[RECEIVER]["receiver"]["online"] is True  # type: ignore[index]
     assert agents(server, world)["local/codex"]["receiver"]["online"] is False  # type: ignore[index]
+
+
+def test_a_renewal_counts_as_a_sighting(relay: tuple[Server, World]) -> None:
+    """A receiver too busy to claim still renews; that keeps it online."""
+    server, world = relay
+    from melchior.mellan.relay.store.base import NewTask
+
+    server.store.enqueue(
+        NewTask(workspace="acme", caller="local/codex", receiver=RECEIVER,
+                capability="incident.inspect", payload="{}")
+    )  # fmt: skip
+    (lease,) = server.store.claim("acme", RECEIVER, "elsewhere")  # not over HTTP: unseen
+    assert agents(server, world)[RECEIVER]["receiver"]["last_seen"] is None  # type: ignore[index]
+    with ReceiverClient(server.url, world.tokens["receiver"]) as rc:
+        assert rc.renew(lease.task.id, lease.epoch).ok
+    after = agents(server, world)[RECEIVER]["receiver"]
+    assert isinstance(after, dict)
+    assert after["online"] is True
+    assert after["last_seen"] is not None

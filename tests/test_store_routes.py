@@ -175,13 +175,16 @@ def test_receiver_seen_and_wake(store: Store) -> None:
     assert store.wake_target(WS, RECEIVER) is None
     got = store.set_wake(WS, RECEIVER, "http://127.0.0.1:9/wake")
     assert got is not None
-    url, secret = got
+    url, secret, fresh = got
+    assert fresh
     assert url == "http://127.0.0.1:9/wake"
     assert secret
     assert secret.startswith("mws_")
     assert store.wake_target(WS, RECEIVER) == (url, secret, False)
     again = store.set_wake(WS, RECEIVER, "http://127.0.0.1:9/other")
-    assert again == ("http://127.0.0.1:9/other", secret)  # the secret stays
-    assert store.set_wake(WS, RECEIVER, None) == (None, secret)
+    assert again == ("http://127.0.0.1:9/other", secret, False)  # the secret stays
+    assert store.set_wake(WS, RECEIVER, None) == (None, secret, False)
     assert store.wake_target(WS, RECEIVER) is None
+    rotated = store.set_wake(WS, RECEIVER, "http://127.0.0.1:9/w", secret="mws_new")
+    assert rotated == ("http://127.0.0.1:9/w", "mws_new", True)
     assert store.set_wake(WS, "no/such", "http://x") is None

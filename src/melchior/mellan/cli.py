@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "send": ("melchior.mellan.commands.send", "send an A2A task as a calling agent"),
     "credential": ("melchior.mellan.commands.credential", "revoke a credential"),
     "push": ("melchior.mellan.commands.push", "push notifications: signing secret, private hosts"),
+    "connect": ("melchior.mellan.commands.connect", "propose how this agent runs a capability"),
+    "route": ("melchior.mellan.commands.route", "list, approve and revoke task routes"),
     "receiver": ("melchior.mellan.commands.receiver", "run, watch or install a receiver"),
 }
 

@@ -2,6 +2,11 @@
 
 A capability is given as ID or ID=DESCRIPTION, e.g. --capability 'incident.inspect=Read
 the incident log'. Agent ids are stable and workspace-scoped ('local/codex').
+
+The RECEIVER column says whether the agent's receiver is online (it claimed work
+recently: within twice its long-poll wait and a margin) and when it was last seen.
+'agent wake' sets where the relay POSTs a signed wake-up when work is queued for the
+agent (docs/mellan.md, "Wake-ups").
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import argparse
 from typing import Any
 
 from melchior.mellan.commands._common import (
+    EXIT_USAGE,
+    CliError,
     call,
     dispatch,
     guarded,
@@ -58,16 +65,32 @@ def _add(ns: argparse.Namespace) -> int:
     return 0
 
 
+def receiver_cell(agent: dict[str, Any]) -> str:
+    """``online``/``offline`` and the last sighting, as the list shows it."""
+    rx = agent.get("receiver")
+    if not isinstance(rx, dict):
+        return "-"
+    if rx.get("last_seen") is None:
+        return "never seen"
+    return f"{'online' if rx.get('online') else 'offline'} (seen {rx['last_seen']})"
+
+
 def _list(ns: argparse.Namespace) -> int:
     data = call(target(ns), "GET", "/api/agents")
     if ns.json:
         print_json(data)
         return 0
     rows = [
-        [a["id"], ", ".join(c["id"] for c in a["capabilities"]) or "-", a["description"]]
+        [
+            a["id"],
+            ", ".join(c["id"] for c in a["capabilities"]) or "-",
+            receiver_cell(a),
+            a["description"],
+        ]
         for a in data["agents"]
     ]
-    print(table(["agent", "capabilities", "description"], rows) if rows else "no agents yet")
+    headers = ["agent", "capabilities", "receiver", "description"]
+    print(table(headers, rows) if rows else "no agents yet")
     return 0
 
 
@@ -81,6 +104,43 @@ def _get(ns: argparse.Namespace) -> int:
         print_json(agent)
     else:
         _show(agent)
+        print(f"  receiver: {receiver_cell(agent)}")
+    return 0
+
+
+def _wake_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="AGENT")
+    p.add_argument("url", metavar="URL", nargs="?", help="where to POST wake-ups")
+    p.add_argument("--off", action="store_true", help="stop waking this agent's receiver")
+    p.add_argument("--rotate", action="store_true", help="replace the signing secret (shown once)")
+    p.add_argument("--show-secret", action="store_true", help="print the signing secret")
+
+
+def _wake(ns: argparse.Namespace) -> int:
+    t = target(ns)
+    if ns.off and ns.url:
+        raise CliError("give a URL or --off, not both", EXIT_USAGE)
+    if ns.url or ns.off or ns.rotate:
+        url = None if ns.off else ns.url
+        if url is None and not ns.off:
+            current = call(t, "GET", "/api/wake", params={"agent": ns.id})
+            url = current["url"]
+            if url is None:
+                raise CliError(f"{ns.id} has no wake URL to rotate the secret of", EXIT_USAGE)
+        data = call(t, "PUT", "/api/wake", {"agent": ns.id, "url": url, "rotate": ns.rotate})
+    else:
+        params = {"agent": ns.id, "show_secret": "true" if ns.show_secret else None}
+        data = call(t, "GET", "/api/wake", params=params)
+    if ns.json:
+        print_json(data)
+        return 0
+    if data["url"] is None:
+        print(f"{ns.id}: no wake-ups (its receiver finds work by polling)")
+    else:
+        print(f"{ns.id}: wake-ups go to {data['url']}")
+    if data.get("secret"):
+        shown = "signing secret" if ns.show_secret else "signing secret (shown once)"
+        print(f"{shown}: {data['secret']}")
     return 0
 
 
@@ -91,6 +151,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "add": ("add an agent with its capabilities", _add_args, _add),
             "list": ("list the agents you may see", lambda p: None, _list),
             "get": ("show one agent", _get_args, _get),
+            "wake": (
+                "show or set (URL, --off) where its receiver is woken (owner)",
+                _wake_args,
+                _wake,
+            ),
         },
     )
 

@@ -87,14 +87,17 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     rule}}``), ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) and ``/ui`` (the
     owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
     lifespan owns every background task of the replica (lease sweeper, accept batcher,
-    push deliverer) in one task group, and awaits them on the way out."""
-    from melchior.mellan.relay import a2a, control, receiver_api, taskroutes
+    push deliverer, waker) in one task group, and awaits them on the way out."""
+    from melchior.mellan.relay import a2a, control, receiver_api, taskroutes, wakeconfig
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
     from melchior.mellan.relay.http import HANDLERS
 
     api = Starlette(
-        routes=control.routes() + receiver_api.routes() + taskroutes.http_routes(),
+        routes=control.routes()
+        + receiver_api.routes()
+        + taskroutes.http_routes()
+        + wakeconfig.http_routes(),
         exception_handlers=HANDLERS,
     )
     entry = Starlette(routes=a2a.routes(), exception_handlers=a2a.HANDLERS)
@@ -104,15 +107,18 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         from melchior.mellan.relay.push import Pusher
+        from melchior.mellan.relay.wake import Waker
 
         await relay.notifier.start()
         try:
             async with asyncio.TaskGroup() as tasks:
                 relay.pusher = relay.pusher or Pusher(relay)
+                relay.waker = relay.waker or Waker(relay)
                 owned = [
                     tasks.create_task(sweep_leases(relay), name="mellan-lease-sweeper"),
                     relay.batcher.start(tasks),
                     relay.pusher.start(tasks),
+                    relay.waker.start(tasks),
                 ]
                 try:
                     yield

@@ -20,6 +20,7 @@ from melchior.mellan.relay.store.base import Store
 if TYPE_CHECKING:
     from melchior.mellan.relay.presence import Presence
     from melchior.mellan.relay.push import Pusher
+    from melchior.mellan.relay.wake import Waker
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -45,6 +46,8 @@ class Relay:
     pusher: Pusher | None = field(default=None, repr=False)
     """The replica's push-notification deliverer (made and run by the app's lifespan
     unless one is given, e.g. with a test's resolver)."""
+    waker: Waker | None = field(default=None, repr=False)
+    """The replica's wake-up sender (made and run by the app's lifespan unless given)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
     presence: Presence = field(init=False, repr=False)
@@ -56,6 +59,12 @@ class Relay:
         self.batcher = Batcher(self)
         self.credentials = Credentials()
         self.presence = Presence()
+
+    def queued(self, workspace: str, agent: str) -> None:
+        """Work was queued for ``agent``: wake its receiver if it has a wake URL (never
+        blocks; see :mod:`.wake`)."""
+        if self.waker is not None:
+            self.waker.poke(workspace, agent)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_in_threadpool(fn, *args, **kwargs)

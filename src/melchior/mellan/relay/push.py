@@ -10,12 +10,12 @@ have shown (:mod:`.a2a.notifications`), and POSTs them one by one:
   an HMAC-SHA256 signature over timestamp and body (:mod:`melchior.mellan.signing`) with
   the secret of the agent that sent the task, and ``X-Mellan-Delivery``: an id stable
   across retries (``{row}.{n}``) for the receiver to drop duplicates by.
-- **Safety**: the URL is checked again (:func:`melchior.policy.outbound.check_url`), its
-  host resolved and every address checked (``check_addresses``); the request then goes
-  to the address checked — never to a second lookup that could answer differently —
-  with the original ``Host`` and TLS server name. No redirects; at most
-  :data:`MAX_RESPONSE` bytes of an answer are read; each POST is bounded by
-  :data:`TIMEOUT`.
+- **Safety** (:mod:`.outbound`, shared with wake-ups): the URL is checked again
+  (:func:`melchior.policy.outbound.check_url`), its host resolved and every address
+  checked (``check_addresses``); the request then goes to the address checked — never
+  to a second lookup that could answer differently — with the original ``Host`` and TLS
+  server name. No redirects; at most :data:`MAX_RESPONSE` bytes of an answer are read;
+  each POST is bounded by :data:`TIMEOUT`.
 - **A failing endpoint never slows the rest**: at most :data:`PER_HOST` deliveries to one
   endpoint (host and port) are in flight; a row for a busy one is handed back for a
   moment rather than waited on, so other endpoints' rows take the free slots.
@@ -35,20 +35,18 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.notifications import messages
 from melchior.mellan.relay.notify import PUSH_TOPIC
+from melchior.mellan.relay.outbound import Failed, Refused, Resolver, post_checked, resolve
 from melchior.mellan.relay.store.base import PushDelivery, Store, StoreError
 from melchior.mellan.signing import sign
-from melchior.policy.decision import Decision
-from melchior.policy.outbound import check_addresses, check_url
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.context import Relay
@@ -81,26 +79,6 @@ def backoff(attempts: int, rng: random.Random | None = None) -> float:
     minutes, with up to 20% jitter so many failing rows do not retry in lockstep."""
     base = min(2.0 ** max(attempts - 1, 0), 300.0)
     return base * (1 + 0.2 * (rng or random).random())
-
-
-class Refused(Exception):
-    """The policy refuses this delivery (a permanent failure: the row is given up)."""
-
-
-class Failed(Exception):
-    """One POST failed; ``retry`` says whether trying again later may help."""
-
-    def __init__(self, message: str, *, retry: bool) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-
-
-async def resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def _age_seconds(created_at: str) -> float:
@@ -240,24 +218,7 @@ class Pusher:
 
     async def _post(self, http: httpx.AsyncClient, row: PushDelivery, n: int, body: bytes) -> None:
         config = row.config
-        verdict = check_url(config.url, allow_private=row.allow_private)
-        if not verdict.allowed:
-            raise Refused(f"{verdict.rule}: {verdict.reason}")
-        parts = urlsplit(config.url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            addresses = await asyncio.wait_for(self.resolver(host, port), self.timeout)
-        except (OSError, TimeoutError) as exc:
-            raise Failed(f"cannot resolve {host}: {exc}", retry=True) from None
-        checked: Decision = check_addresses(host, addresses, allow_private=row.allow_private)
-        if not checked.allowed:
-            raise Refused(f"{checked.rule}: {checked.reason}")
-        address = addresses[0]
-        pinned = f"[{address}]" if ":" in address else address
-        url = urlunsplit((parts.scheme, f"{pinned}:{port}", parts.path or "/", parts.query, ""))
         headers = {
-            "Host": parts.netloc.rpartition("@")[2],
             "Content-Type": CONTENT_TYPE,
             "User-Agent": "mellan-push/1",
             "X-Mellan-Delivery": f"{row.id}.{n}",
@@ -268,28 +229,10 @@ class Pusher:
             headers["X-A2A-Notification-Token"] = config.token
         if config.auth_scheme and config.auth_credentials:
             headers["Authorization"] = f"{config.auth_scheme} {config.auth_credentials}"
-        extensions: dict[str, Any] = {}
-        if parts.scheme == "https":
-            extensions["sni_hostname"] = host
-        try:
-            async with asyncio.timeout(self.timeout):
-                request = http.build_request(
-                    "POST", url, content=body, headers=headers, extensions=extensions
-                )
-                response = await http.send(request, stream=True)
-                try:
-                    read = 0
-                    async for chunk in response.aiter_raw():
-                        read += len(chunk)
-                        if read >= MAX_RESPONSE:
-                            break
-                finally:
-                    await response.aclose()
-        except TimeoutError:
-            raise Failed(f"no answer within {self.timeout:g} s", retry=True) from None
-        except httpx.HTTPError as exc:
-            raise Failed(f"{type(exc).__name__}: {exc}", retry=True) from None
-        status = response.status_code
+        status = await post_checked(
+            http, config.url, body, headers, allow_private=row.allow_private,
+            resolver=self.resolver, timeout=self.timeout, max_response=MAX_RESPONSE,
+        )  # fmt: skip
         if 200 <= status < 300:
             return
         if status >= 500 or status in RETRY_STATUSES:

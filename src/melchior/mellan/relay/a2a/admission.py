@@ -295,6 +295,7 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
     if isinstance(decided, FollowUp):
         went, moved = await relay.call(relay.store.continue_task, decided)
         if moved and went is not None:
+            relay.queued(went.workspace, went.receiver)
             return Taken(went, False)  # a turn on: its earlier turns are there to read
         return Taken(await _not_new(relay, caller, req, went), False)
     try:
@@ -304,6 +305,7 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
             raise
         task, created = await relay.call(settle, relay.store, lost, decided), False
     if created:
+        relay.queued(task.workspace, task.receiver)
         return Taken(task, True)
     return Taken(await _not_new(relay, caller, req, task), False)
 

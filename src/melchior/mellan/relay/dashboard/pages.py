@@ -19,7 +19,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from melchior.mellan.relay import actions
+from melchior.mellan.relay import actions, presence
 from melchior.mellan.relay.dashboard import pictures, render, sessions, timeline
 from melchior.mellan.relay.dashboard.forms import Form
 from melchior.mellan.relay.dashboard.guard import relay_of
@@ -42,6 +42,8 @@ DONE = {
     "credential-revoked": "Credential revoked; it is refused from now on.",
     "grant-added": "Grant added.",
     "grant-revoked": "Grant revoked; new tasks on this route are refused from now on.",
+    "route-approved": "Route approved; its capability runs this way from the next claim on.",
+    "route-revoked": "Route revoked; its capability has no route until another is approved.",
     "task-canceled": "Task canceled.",
     "task-cancel-duplicate": "The task was already canceled.",
 }
@@ -154,10 +156,12 @@ async def _agents_page(
     agents: list[Agent] = await _read(request, store.list_agents, owner.workspace)
     creds = await _read(request, store.list_credentials, owner.workspace)
     codes = await _read(request, store.list_enrollments, owner.workspace)
+    now: str = await _read(request, store.now)
     live = [c for c in creds if c.revoked_at is None]
     return _page(
         request, owner, "agents.html", "agents", status=status,
         agents=agents,
+        receivers={a.id: presence.view(a, now) for a in agents},
         agent_credentials={a.id: [c for c in live if c.kind is CredentialKind.AGENT
                                   and c.subject == a.id] for a in agents},
         owner_credentials=[c for c in live if c.kind is CredentialKind.OWNER],

@@ -29,6 +29,7 @@ PAGES = (
     ("overview", "Overview", "/"),
     ("agents", "Agents", "/agents"),
     ("grants", "Grants", "/grants"),
+    ("routes", "Routes", "/routes"),
     ("tasks", "Tasks", "/tasks"),
     ("audit", "Audit", "/audit"),
 )

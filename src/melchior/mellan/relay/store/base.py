@@ -966,10 +966,10 @@ class Store(Protocol):
         *,
         secret: str | None = None,
         record: Record | None = None,
-    ) -> tuple[str | None, str | None] | None:
+    ) -> tuple[str | None, str | None, bool] | None:
         """Set (or with None, clear) the agent's wake URL; ``secret`` replaces its signing
-        secret (one is minted with the first URL if it has none). Returns (url, secret),
-        or None for an unknown agent."""
+        secret (one is minted with the first URL if it has none). Returns (url, secret,
+        whether the secret is new), or None for an unknown agent."""
         ...
 
     def wake_target(self, workspace: str, agent: str) -> tuple[str, str, bool] | None:

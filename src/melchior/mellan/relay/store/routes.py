@@ -236,16 +236,18 @@ class RouteQueue:
         *,
         secret: str | None = None,
         record: Record | None = None,
-    ) -> tuple[str | None, str | None] | None:
-        def go(tx: RouteTx) -> tuple[str | None, str | None] | None:
+    ) -> tuple[str | None, str | None, bool] | None:
+        def go(tx: RouteTx) -> tuple[str | None, str | None, bool] | None:
             row = tx.set_wake(workspace, agent, url, secret)
             if row is None:
                 return None
+            fresh = secret is not None
             if url is not None and row["wake_secret"] is None:
                 row = tx.set_wake(workspace, agent, url, new_wake_secret())
                 assert row is not None
+                fresh = True
             self._notes(tx, [C.record_note(workspace, record, agent)])
-            return row["wake_url"], row["wake_secret"]
+            return row["wake_url"], row["wake_secret"], fresh
 
         return self._transact(go)
 
