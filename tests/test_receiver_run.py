@@ -232,3 +232,34 @@ def test_a_signed_wake_up_makes_it_claim_now_and_a_bad_one_is_refused(
         assert r.status_code == 204
         view = net.settled(task_id)
     assert view["state"] == "succeeded"
+
+
+def test_the_relay_wakes_a_polling_receiver_when_work_is_queued(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """The relay's signed wake-up (its owner set the agent's wake URL and got the secret)
+    reaches the receiver's listener, which claims at once instead of in an hour."""
+    import socket
+
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with net.owner() as c:
+        c.put("/api/push/settings", json={"allow_private": True})  # loopback is private
+        r = c.put("/api/wake", json={"agent": "private/ops", "url": f"http://127.0.0.1:{port}/"})
+        assert r.status_code == 200, r.text
+        secret = r.json()["secret"]
+    config = write_config(
+        tmp_path / "receiver.toml", net, work,
+        extra=f'[wake]\nlisten = "127.0.0.1:{port}"\nsecret_env = "WAKE_SECRET"\n',
+    )  # fmt: skip
+    config.write_text(config.read_text().replace("wait = 5", "wait = 0\npoll = 3600"))
+    worker_route(net, work, tmp_path / "worker.py")
+    with receiving(net, config, env={"WAKE_SECRET": secret}) as rp:
+        rp.wait_line("no work; claiming again every 3600 s")
+        view = net.settled(net.send("hello"))
+        assert view["state"] == "succeeded"
+        assert not any("wake-up refused" in line for line in rp.lines)
