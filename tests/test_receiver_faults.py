@@ -270,3 +270,38 @@ def test_postgres_connections_terminated_the_receiver_recovers(pg_url: str, tmp_
             assert len(completions(net, t)) == 1
     finally:
         relay.stop()
+
+
+def test_renewals_failing_past_the_lease_self_fence_the_turn(
+    relay: RelayProc, db_url: str, tmp_path: Path
+) -> None:
+    """Cut off from the relay longer than its lease, the receiver stops the work itself
+    before another receiver may take the task over; the task is run again later."""
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work, lease_seconds=3)
+    worker_route(net, work, tmp_path / "worker.py")
+    count = tmp_path / "count"
+    port = relay.url.rsplit(":", 1)[1]
+    current = relay
+    try:
+        with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
+            task_id = net.send("sleep 8")
+            rp.wait_line(f"task {task_id}: started turn 1")
+            first = wait_for(lambda: count.exists() and count.read_text().split(), "a pid")
+            pid = int(first[1])
+            assert relay.stop() == 0
+            rp.wait_line(f"task {task_id}: renewals failed past the lease's expiry")
+            rp.wait_line(f"task {task_id}: lease lost (self-fenced)")
+            assert not running(pid)  # the work was stopped, not left to run on
+            assert executions(count, task_id, "end") == 0
+            current = start_relay(db_url, tmp_path, "--port", port, token_file=relay.token_file)
+            net.relay = current
+            view = net.settled(task_id)
+            assert view["state"] == "succeeded", (view["error"], rp.lines)
+            assert view["attempt"] == 2
+            assert executions(count, task_id, "end") == 1
+    finally:
+        if current is not relay:
+            current.stop()

@@ -45,6 +45,10 @@ STATE_EVERY = 0.5
 STATE_HEARTBEAT = 5.0
 
 
+class _Stopped(Exception):
+    """The claim loop ended because the receiver is stopping."""
+
+
 class Receiver:
     def __init__(self, config: ReceiverConfig, out: TextIO | None = sys.stdout) -> None:
         self.config = config
@@ -142,6 +146,9 @@ class Receiver:
                     tg.create_task(serve_wake(self.config.wake, self.wake, self.say))
                 await self._report_spooled(tg)
                 await self._claim_loop(tg)
+                raise _Stopped  # asked to stop before the group was watched: end it all
+        except* _Stopped:
+            pass
         except* Revoked as group:
             first = group.exceptions[0]
             assert isinstance(first, Revoked)
