@@ -305,3 +305,21 @@ def test_renewals_failing_past_the_lease_self_fence_the_turn(
     finally:
         if current is not relay:
             current.stop()
+
+
+def test_sigterm_stops_the_work_and_hands_the_task_back(relay: RelayProc, tmp_path: Path) -> None:
+    net, _, config, count = setup(relay, tmp_path)
+    pids = tmp_path / "pids"
+    env = {"COUNT_FILE": str(count), "PID_FILE": str(pids)}
+    rp = start_receiver(net, config, env=env)
+    task_id = net.send("child")
+    tree = [int(p) for p in wait_for(lambda: pids.exists() and pids.read_text().split(), "pids")]
+    rp.proc.send_signal(signal.SIGTERM)
+    assert rp.finish() == 0
+    assert not any(running(p) for p in tree)  # the whole group, TERM-ignoring program too
+    said = "\n".join(rp.lines)
+    assert "stopping: signal SIGTERM" in said
+    assert f"task {task_id}: stopped with the receiver; handing the task back" in said
+    view = net.task(task_id)
+    assert view["state"] == "queued"  # at once, not after the lease
+    assert "the receiver was stopped while the task ran" in (view["error"] or "")

@@ -295,3 +295,44 @@ def test_run_with_a_bad_configuration_exits_78(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 78
     assert "unknown key concurency" in done.stderr
+
+
+# -- the wake listener's request reader ---------------------------------------------------------
+
+
+@given(
+    st.binary(max_size=300)
+    | st.sampled_from([b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n"])
+)
+def test_the_wake_reader_answers_any_bytes_with_a_status_or_a_request(data: bytes) -> None:
+    import asyncio
+
+    from melchior.mellan.receiver.wake import _request
+
+    async def read() -> object:
+        reader = asyncio.StreamReader(limit=128)
+        reader.feed_data(data)
+        reader.feed_eof()
+        return await _request(reader)
+
+    got = asyncio.run(read())
+    if isinstance(got, int):
+        assert got in (400, 405, 413)
+    else:
+        assert isinstance(got, tuple)
+        _, headers, body = got
+        assert len(body) == int(headers.get("content-length", "0"))
+
+
+def test_the_wake_reader_takes_a_signed_post() -> None:
+    import asyncio
+
+    from melchior.mellan.receiver.wake import _request
+
+    async def read() -> object:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"POST /wake HTTP/1.1\r\nContent-Length: 2\r\nX-A: b\r\n\r\n{}")
+        reader.feed_eof()
+        return await _request(reader)
+
+    assert asyncio.run(read()) == ("/wake", {"content-length": "2", "x-a": "b"}, b"{}")

@@ -65,7 +65,7 @@ async def _request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], b
     if parts[0] != "POST":
         return 405
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit() or len(length_text) > 7:
+    if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > 7:
         return 400
     length = int(length_text)
     if length > MAX_BODY:
