@@ -42,10 +42,14 @@ def setup(relay: RelayProc, tmp_path: Path) -> tuple[Net, Path, Path, Path]:
 
 
 def completions(net: Net, task_id: str) -> list[dict[str, object]]:
+    """The successes the relay recorded for ``task_id`` (not repeated reports of one)."""
     return [
         r
         for r in net.audit()
-        if r["action"] == "task.complete" and r["subject"] == task_id and r["allowed"]
+        if r["action"] == "task.complete"
+        and r["subject"] == task_id
+        and r["allowed"]
+        and str(r["reason"]).endswith(": ok")
     ]
 
 
@@ -102,7 +106,7 @@ def test_killed_after_spooling_the_result_is_reported_not_run_again(
         # the lease ran out and was settled before the receiver came back: the task is
         # queued again, and the spooled report's epoch is stale
         store.expire_leases([task_id])
-        assert store.sweep() >= 1
+        store.sweep()  # (or the relay's own sweeper, whichever comes first)
         assert net.task(task_id)["state"] == "queued"
     with receiving(net, config, env=env) as rp:
         view = net.settled(task_id)

@@ -301,8 +301,7 @@ def test_run_with_a_bad_configuration_exits_78(tmp_path: Path) -> None:
 
 
 @given(
-    st.binary(max_size=300)
-    | st.sampled_from([b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n"])
+    st.binary(max_size=300) | st.sampled_from([b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n"])
 )
 def test_the_wake_reader_answers_any_bytes_with_a_status_or_a_request(data: bytes) -> None:
     import asyncio

@@ -62,6 +62,9 @@ TEST_HOOK = "MELLAN_RECEIVER_TEST_HOOK"
 """Test-only: ``kill-after-spool`` makes the receiver SIGKILL itself right after a result
 is spooled and before it is reported (the fault tests' window)."""
 
+SESSION_WAIT = 2.0
+"""Seconds a task waits for its bound session to be free on this receiver, at most."""
+
 PROGRESS_TIMEOUT = 5.0
 PROGRESS_QUIET = 5.0
 """After a progress write fails, further progress is not sent for this long (the turn is
@@ -216,10 +219,25 @@ class TaskRun:
         if key is None:
             return await self._execute(route, adapter, cwd, session)
         # The relay already serialises a bound session's tasks; this lock keeps that true
-        # on this machine even if the relay did not.
+        # on this machine even if the relay did not. It is not waited on for long: no
+        # renewals run while waiting, and the relay hands out a session's next task only
+        # after the last one ended (the wait covers the moment between a cancel-ack and
+        # the end of the cancelled task's run here).
         lock = self.s.session_locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        try:
+            await asyncio.wait_for(lock.acquire(), SESSION_WAIT)
+        except TimeoutError:
+            self.say(f"session {session} is busy with another task here; handing this one back")
+            why = f"session {session} was busy with another task on the receiver"
+            body = {"epoch": self.epoch, "retryable": True, "retry_after": SESSION_WAIT,
+                    "error": why}  # fmt: skip
+            return await self._spool(
+                Report(self.tid, self.turn, self.epoch, "fail", body, time.time())
+            )
+        try:
             return await self._execute(route, adapter, cwd, session)
+        finally:
+            lock.release()
 
     async def _refuse(self, decision: Decision) -> Report:
         self.say(f"refused ({decision.rule}): {decision.reason}")
