@@ -48,6 +48,14 @@ elif word == "child":  # a grandchild that would outlive a careless kill; TERM i
     with open(os.environ["PID_FILE"], "a") as f:
         f.write(f"{os.getpid()} {kid.pid}\n")
     time.sleep(600)
+elif word == "meet":  # wait until N tasks are running at once (or give up after 60 s)
+    n, where = rest.split()
+    open(os.path.join(where, os.environ["MELLAN_TASK_ID"]), "w").close()
+    end = time.monotonic() + 60
+    while len(os.listdir(where)) < int(n):
+        if time.monotonic() > end:
+            sys.exit(4)
+        time.sleep(0.05)
 elif word == "ask":
     print("which one?")
     sys.exit(3)

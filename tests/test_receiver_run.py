@@ -263,3 +263,19 @@ def test_the_relay_wakes_a_polling_receiver_when_work_is_queued(
         view = net.settled(net.send("hello"))
         assert view["state"] == "succeeded"
         assert not any("wake-up refused" in line for line in rp.lines)
+
+
+def test_tasks_run_side_by_side_up_to_the_concurrency(relay: RelayProc, tmp_path: Path) -> None:
+    """Three tasks that each wait until all three run at once: they can only finish if
+    the receiver runs them side by side (concurrency 3)."""
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work, concurrency=3)
+    worker_route(net, work, tmp_path / "worker.py")
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    with receiving(net, config):
+        tasks = [net.send(f"meet 3 {meet}", context=f"ctx-{i}") for i in range(3)]
+        views = [net.settled(t) for t in tasks]
+    assert [v["state"] for v in views] == ["succeeded"] * 3, [v["error"] for v in views]
