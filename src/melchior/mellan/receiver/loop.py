@@ -26,6 +26,7 @@ import sys
 import time
 from typing import TextIO
 
+from melchior import __version__
 from melchior.mellan.client.receiver_api import AsyncReceiverClient, ClaimedTask, ReceiverError
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.reporter import Reporter, Revoked, backoff, revoked_reason
@@ -248,8 +249,6 @@ class Receiver:
 
     def _about(self) -> dict[str, object]:
         """What the receiver says about itself with each claim (the relay shows it)."""
-        from melchior import __version__
-
         return {
             "name": self.config.name,
             "version": __version__,

@@ -41,11 +41,12 @@ from melchior.mellan.client.receiver_api import (
 )
 from melchior.mellan.receiver import prompt
 from melchior.mellan.receiver.config import ReceiverConfig, resolve_program
+from melchior.mellan.receiver.reporter import revoked_reason
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
 from melchior.mellan.receiver.status import Board, Running, short
 from melchior.policy.allowlist import PROGRAM_OPTION, RouteFacts, may_run, no_route
-from melchior.policy.decision import Decision
+from melchior.policy.decision import Decision, refuse
 from melchior.runtimes import (
     COMPLETED,
     FAILED,
@@ -133,8 +134,6 @@ def refusal(task_id: str, turn: int, epoch: int, decision: Decision) -> Report:
 
 def judge(route: Route, capability: str, config: ReceiverConfig) -> tuple[Decision, Path | None]:
     """The allow-list's decision on ``route``, and the working directory it resolves to."""
-    from melchior.policy.decision import refuse
-
     adapter = route.adapter
     options = route.options
     cwd_text = route.cwd
@@ -255,8 +254,6 @@ class TaskRun:
         profile: Mapping[str, Any] = {}
         if isinstance(profile_name, str) and profile_name:
             if profile_name not in self.s.config.profiles:
-                from melchior.policy.decision import refuse
-
                 return await self._refuse(
                     refuse(
                         "profile-not-found",
@@ -382,8 +379,6 @@ class TaskRun:
                 except (ReceiverError, TimeoutError) as exc:
                     failures += 1
                     if isinstance(exc, ReceiverError) and exc.status == 401:
-                        from melchior.mellan.receiver.reporter import revoked_reason
-
                         self.s.revoked(revoked_reason(exc))
                         lost.append(LeaseLost("revoked"))
                         work.cancel()

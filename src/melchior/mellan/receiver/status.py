@@ -63,7 +63,10 @@ class Board:
         """One plain line on the terminal (and the journal)."""
         if self.out is not None:
             stamp = time.strftime("%H:%M:%S")
-            print(f"{stamp} {line}", file=self.out, flush=True)
+            try:
+                print(f"{stamp} {line}", file=self.out, flush=True)
+            except (OSError, ValueError):  # the terminal or journal went away: keep working
+                self.out = None
 
     def start(self, r: Running) -> None:
         self.running[r.task_id] = r
