@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ def _walk_through() -> str:
     return match.group(1)
 
 
-@pytest.mark.skipif(shutil.which("jq") is None, reason="the walk-through needs jq")
 def test_the_walk_through_runs(tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent
     if not (bindir / "mellan").exists():
