@@ -279,3 +279,24 @@ def test_tasks_run_side_by_side_up_to_the_concurrency(relay: RelayProc, tmp_path
         tasks = [net.send(f"meet 3 {meet}", context=f"ctx-{i}") for i in range(3)]
         views = [net.settled(t) for t in tasks]
     assert [v["state"] for v in views] == ["succeeded"] * 3, [v["error"] for v in views]
+
+
+def test_a_wake_address_in_use_stops_the_receiver_naming_the_key(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    import socket
+
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(
+            tmp_path / "receiver.toml", net, work,
+            extra=f'[wake]\nlisten = "127.0.0.1:{port}"\nsecret = "s"\n',
+        )  # fmt: skip
+        with receiving(net, config) as rp:
+            assert rp.finish() == 78
+    assert any(f"wake.listen: cannot listen on 127.0.0.1:{port}" in line for line in rp.lines)

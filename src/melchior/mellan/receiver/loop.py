@@ -34,6 +34,7 @@ from melchior.mellan.receiver.runner import Shared, TaskRun
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import Report, Spool
 from melchior.mellan.receiver.status import Board
+from melchior.mellan.receiver.wake import WakeError, serve_wake
 
 EXIT_OK = 0
 EXIT_REVOKED = 77
@@ -142,14 +143,15 @@ class Receiver:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._keep_state())
                 if self.config.wake is not None:
-                    from melchior.mellan.receiver.wake import serve_wake
-
                     tg.create_task(serve_wake(self.config.wake, self.wake, self.say))
                 await self._report_spooled(tg)
                 await self._claim_loop(tg)
                 raise _Stopped  # asked to stop before the group was watched: end it all
         except* _Stopped:
             pass
+        except* WakeError as group:
+            self._supervising = False
+            self.stop(str(group.exceptions[0]), EXIT_CONFIG)
         except* Revoked as group:
             first = group.exceptions[0]
             assert isinstance(first, Revoked)

@@ -29,6 +29,11 @@ MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
 DEADLINE = 10.0
 
+
+class WakeError(Exception):
+    """The wake listener cannot start (the address is taken, not ours, …)."""
+
+
 _REASONS = {204: "No Content", 400: "Bad Request", 401: "Unauthorized",
             405: "Method Not Allowed", 413: "Content Too Large"}  # fmt: skip
 
@@ -108,7 +113,10 @@ async def serve_wake(
                 writer.close()
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(handle, wake.host, wake.port, limit=MAX_HEAD)
+    try:
+        server = await asyncio.start_server(handle, wake.host, wake.port, limit=MAX_HEAD)
+    except OSError as exc:
+        raise WakeError(f"wake.listen: cannot listen on {wake.host}:{wake.port}: {exc}") from exc
     port = server.sockets[0].getsockname()[1]
     say(f"wake webhook listening on {wake.host}:{port}")
     if ready is not None:
