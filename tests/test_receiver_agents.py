@@ -83,3 +83,46 @@ def test_routes_switching_the_guard_rails_off_are_refused(relay: RelayProc, tmp_
             assert view["state"] == "failed"
             assert "refused by the receiver (" in view["error"], view["error"]
     assert si.calls() == []  # no agent was started
+
+
+def test_an_a2a_agent_asks_back_and_the_answer_continues_its_task(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """Hermes' way in (the a2a adapter) from the queue: the agent asks back, the caller's
+    answer comes as the task's next turn, and the receiver continues the same A2A task
+    (the session the first turn created), with the bearer token from its own environment."""
+    from test_runtimes_a2a import TOKEN, Agents
+
+    agents = Agents()
+    try:
+        net = make_net(relay, tmp_path)
+        work = tmp_path / "work"
+        work.mkdir()
+        config = write_config(
+            tmp_path / "receiver.toml", net, work, adapters=("a2a",),
+            extra=f'urls = ["{agents.url}/"]',
+        )  # fmt: skip
+        card = agents.card("/stream")
+        net.route(adapter="a2a", options={"card_url": card, "token_env": "HERMES_A2A_TOKEN"})
+        with receiving(net, config, env={"HERMES_A2A_TOKEN": TOKEN}) as rp:
+            task_id = net.send("ask me")
+            view = net.settled(task_id)
+            assert view["state"] == "input_required", (view["error"], rp.lines)
+            assert result_text(view) == "which one?"
+            net.send("the blue one", task=task_id)
+            view = net.settled(task_id)
+            assert view["state"] == "succeeded", (view["error"], rp.lines)
+            assert result_text(view) == "you chose the blue one"
+        first, second = agents.seen.messages[-2:]
+        assert "taskId" not in first  # a new A2A task…
+        assert second.get("taskId")  # …and the answer went into it (the agent said so above)
+        assert all(h.get("authorization") == f"Bearer {TOKEN}" for h in agents.seen.headers)
+        # a route to a URL outside allow.urls is refused before anything is sent
+        net.route(adapter="a2a", options={"card_url": "https://elsewhere.example/card.json"})
+        sent = len(agents.seen.headers)
+        with receiving(net, config, env={"HERMES_A2A_TOKEN": TOKEN}):
+            view = net.settled(net.send("hello"))
+        assert "refused by the receiver (url-not-allowed)" in view["error"]
+        assert len(agents.seen.headers) == sent
+    finally:
+        agents.stop()
