@@ -114,8 +114,7 @@ def test_an_a2a_agent_asks_back_and_the_answer_continues_its_task(
             assert view["state"] == "succeeded", (view["error"], rp.lines)
             assert result_text(view) == "you chose the blue one"
         first, second = agents.seen.messages[-2:]
-        assert "taskId" not in first  # a new A2A task…
-        assert second.get("taskId")  # …and the answer went into it (the agent said so above)
+        assert second["taskId"] == first["taskId"]  # the answer went into the same A2A task
         assert all(h.get("authorization") == f"Bearer {TOKEN}" for h in agents.seen.headers)
         # a route to a URL outside allow.urls is refused before anything is sent
         net.route(adapter="a2a", options={"card_url": "https://elsewhere.example/card.json"})
