@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "push": ("melchior.mellan.commands.push", "push notifications: signing secret, private hosts"),
     "connect": ("melchior.mellan.commands.connect", "propose how this agent runs a capability"),
     "route": ("melchior.mellan.commands.route", "list, approve and revoke task routes"),
+    "receiver": ("melchior.mellan.commands.receiver", "run, watch or install a receiver"),
 }
 
 

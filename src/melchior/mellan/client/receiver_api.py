@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -88,6 +89,8 @@ class ClaimedTask:
     epoch: int
     expires_at: str
     route: Route | None = None
+    history: tuple[dict[str, Any], ...] = ()
+    """Earlier turns of the task (from turn 2 on): each turn's caller message and result."""
 
     @property
     def task_id(self) -> str:
@@ -114,6 +117,48 @@ class WriteResult:
     @property
     def lease_lost(self) -> bool:
         return self.outcome is Outcome.LEASE_LOST
+
+
+def claimed(item: dict[str, Any]) -> ClaimedTask:
+    """One lease of a claim answer, with its route and (from turn 2) the earlier turns."""
+    history = item.get("history")
+    return ClaimedTask(
+        task=item["task"],
+        epoch=int(item["epoch"]),
+        expires_at=item["expires_at"],
+        route=Route.from_json(item.get("route")),
+        history=tuple(h for h in history if isinstance(h, dict))
+        if isinstance(history, list)
+        else (),
+    )
+
+
+def answer(response: httpx.Response) -> Any:
+    """The decoded answer of a receiver-API request: a claim's leases or a fenced write's
+    outcome (200, 404, 409); anything else is a :class:`ReceiverError` with the reason."""
+    try:
+        data = decode(response.content) if response.content else {}
+    except ValueError:
+        data = {}
+    if (
+        response.status_code in (200, 404, 409)
+        and isinstance(data, dict)
+        and ("outcome" in data or "leases" in data or "results" in data)
+    ):
+        return data
+    error = data.get("error", {}) if isinstance(data, dict) else {}
+    raise ReceiverError(
+        response.status_code,
+        str(error.get("code", "http-error")),
+        str(error.get("reason", response.text[:200] or response.reason_phrase)),
+    )
+
+
+def write_result(data: dict[str, Any]) -> WriteResult:
+    error = data.get("error") or {}
+    return WriteResult(
+        Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
+    )
 
 
 class ReceiverClient:
@@ -170,29 +215,10 @@ class ReceiverClient:
         except httpx.HTTPError as exc:
             why = transport.untrusted(exc) or f"cannot reach {self.relay_url}: {exc}"
             raise ReceiverError(0, "unreachable", why) from exc
-        try:
-            data = decode(response.content) if response.content else {}
-        except ValueError:
-            data = {}
-        if (
-            response.status_code in (200, 404, 409)
-            and isinstance(data, dict)
-            and ("outcome" in data or "leases" in data or "results" in data)
-        ):
-            return data
-        error = data.get("error", {}) if isinstance(data, dict) else {}
-        raise ReceiverError(
-            response.status_code,
-            str(error.get("code", "http-error")),
-            str(error.get("reason", response.text[:200] or response.reason_phrase)),
-        )
+        return answer(response)
 
     def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
-        data = self._post(f"/api/receiver/tasks/{task_id}/{verb}", body)
-        error = data.get("error") or {}
-        return WriteResult(
-            Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
-        )
+        return write_result(self._post(f"/api/receiver/tasks/{task_id}/{verb}", body))
 
     def claim(
         self,
@@ -214,15 +240,7 @@ class ReceiverClient:
         if receiver is not None:
             body["receiver"] = receiver
         data = self._post("/api/receiver/claim", body, timeout=wait + self._timeout)
-        return [
-            ClaimedTask(
-                task=item["task"],
-                epoch=int(item["epoch"]),
-                expires_at=item["expires_at"],
-                route=Route.from_json(item.get("route")),
-            )
-            for item in data["leases"]
-        ]
+        return [claimed(item) for item in data["leases"]]
 
     def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> WriteResult:
         """Extend the lease; ``lease_lost`` (reason "cancelled" on cancel) means stop now."""
@@ -295,3 +313,99 @@ class ReceiverClient:
         safe to retry as ``complete``; results in order."""
         items = [{"task_id": t, "epoch": e, "result": r} for t, e, r in completions]
         return self._results("/api/receiver/complete", {"completions": items})
+
+
+class AsyncReceiverClient:
+    """The same API for asyncio code (the receiver process): one pooled connection, the
+    same answers and errors as :class:`ReceiverClient`. Task ids are quoted into paths, so
+    an id the relay sent can never address another endpoint."""
+
+    def __init__(
+        self, relay_url: str, token: str, *, timeout: float = 30.0, tls: ClientTls | None = None
+    ) -> None:
+        self.relay_url = relay_url.rstrip("/")
+        self._timeout = timeout
+        try:  # built by the transport module, like every mellan client (see ReceiverClient)
+            self._http = transport.async_client(
+                self.relay_url,
+                token,
+                tls or transport.client_tls(),
+                base_url=self.relay_url,
+                headers={"content-type": "application/json"},
+                timeout=timeout,
+            )
+        except transport.TransportError as exc:
+            raise ReceiverError(0, "insecure-transport", str(exc)) from None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any], read_for: float | None = None) -> Any:
+        try:
+            response = await self._http.post(
+                path, content=encode(body).encode("utf-8"), timeout=read_for or self._timeout
+            )
+        except httpx.HTTPError as exc:
+            raise ReceiverError(
+                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            ) from exc
+        return answer(response)
+
+    async def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
+        path = f"/api/receiver/tasks/{quote(task_id, safe='')}/{verb}"
+        return write_result(await self._post(path, body))
+
+    async def whoami(self) -> dict[str, Any]:
+        """Who this credential is (``kind``, ``subject``, ``workspace``); a revoked or
+        unknown credential raises :class:`ReceiverError` with status 401."""
+        try:
+            response = await self._http.get("/api/whoami")
+        except httpx.HTTPError as exc:
+            raise ReceiverError(
+                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            ) from exc
+        try:
+            data = decode(response.content) if response.content else {}
+        except ValueError:
+            data = {}
+        if response.status_code == 200 and isinstance(data, dict):
+            return data
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        raise ReceiverError(
+            response.status_code,
+            str(error.get("code", "http-error")),
+            str(error.get("reason", response.text[:200] or response.reason_phrase)),
+        )
+
+    async def claim(
+        self,
+        *,
+        limit: int = 1,
+        wait: float = 25.0,
+        lease_seconds: float = 30.0,
+        worker: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> list[ClaimedTask]:
+        body: dict[str, Any] = {"limit": limit, "wait": wait, "lease_seconds": lease_seconds}
+        if worker:
+            body["worker"] = worker
+        body.update(extra or {})
+        data = await self._post("/api/receiver/claim", body, read_for=wait + self._timeout)
+        return [claimed(item) for item in data["leases"]]
+
+    async def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> WriteResult:
+        return await self._write(task_id, "renew", {"epoch": epoch, "lease_seconds": lease_seconds})
+
+    async def progress(
+        self, task_id: str, epoch: int, kind: str, body: dict[str, Any]
+    ) -> WriteResult:
+        return await self._write(task_id, "progress", {"epoch": epoch, "kind": kind, "body": body})
+
+    async def report(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
+        """Send a spooled report (``complete`` or ``fail`` with its body, epoch included)."""
+        if verb not in ("complete", "fail"):
+            raise ValueError(f"a report is complete or fail, not {verb!r}")
+        return await self._write(task_id, verb, body)
+
+    async def cancel_ack(self, task_id: str, epoch: int) -> WriteResult:
+        return await self._write(task_id, "cancel-ack", {"epoch": epoch})

@@ -1,0 +1,363 @@
+"""The receiver's configuration file (TOML): where the relay is, who we are, what we run.
+
+Read once at start and checked whole: an unknown key, a wrong type or a program that
+does not exist fails ``mellan receiver run`` at once with the key's name, rather than
+the first task at three in the morning. The allow-list (``[allow]``) is the part that
+matters most: it is the machine's own say over what a route from the relay may run
+(:mod:`melchior.policy.allowlist`).
+
+::
+
+    relay = "https://relay.example"          # default: the credential file's relay
+    credential = "~/.config/mellan/agents/private/ops.json"   # or agent = "private/ops",
+    token_env = "MELLAN_TOKEN"               # or the token in this variable
+    concurrency = 4                          # tasks at once
+    lease_seconds = 30                       # renewed every lease_seconds / 3
+    wait = 25                                # claim long-poll, seconds
+    poll = 5                                 # with wait = 0: seconds between claims
+    state_dir = "~/.local/share/mellan/receiver/private-ops"   # spool and status file
+
+    [allow]
+    adapters = ["command", "claude-code"]
+    cwd = ["~/src"]                          # a route's cwd must be inside one of these
+    programs = ["/usr/local/bin/inspect"]    # what a command route's argv[0] may be
+    urls = ["http://127.0.0.1:8645/"]        # a2a card_url / provider base_url prefixes
+    bypass = false                           # routes may not turn sandboxes off
+    route_env = false                        # routes may not add environment variables
+
+    [adapters.claude-code]                   # local defaults under every route's options
+    max_budget_usd = 2.0
+
+    [profiles.review]                        # a route's "profile" names one of these
+    permission_mode = "plan"
+
+    [wake]
+    listen = "127.0.0.1:8790"
+    secret_env = "MELLAN_WAKE_SECRET"        # or secret = "…"
+
+    [tls]                                    # optional: a private CA, mTLS
+    ca = "/etc/mellan/ca.pem"
+    cert = "/etc/mellan/receiver.pem"
+    key = "/etc/mellan/receiver.key"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from melchior.files import xdg
+from melchior.mellan import transport
+from melchior.mellan.transport import ClientTls
+from melchior.policy.allowlist import AllowList
+from melchior.runtimes import ADAPTERS, RuntimeConfigError, runtime_for
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message names the key and what it takes."""
+
+
+TOP_KEYS = (
+    "relay", "credential", "agent", "token_env", "concurrency", "lease_seconds", "wait",
+    "poll", "state_dir", "name", "worker", "allow", "adapters", "profiles", "wake", "tls",
+)  # fmt: skip
+ALLOW_KEYS = ("adapters", "cwd", "programs", "urls", "bypass", "route_env")
+WAKE_KEYS = ("listen", "secret", "secret_env")
+TLS_KEYS = ("ca", "cert", "key")
+
+
+@dataclass(frozen=True)
+class Wake:
+    host: str
+    port: int
+    secret: str
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    relay: str
+    token: str
+    name: str
+    concurrency: int
+    lease_seconds: float
+    wait: float
+    state_dir: Path
+    allow: AllowList
+    adapters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    wake: Wake | None = None
+    poll: float = 5.0
+    worker: str | None = None
+    verify: str | bool = True
+    cert: tuple[str, str] | None = None
+    stored_tls: Mapping[str, str] = field(default_factory=dict)
+    source: Path | None = None
+
+    def client_tls(self, environ: Mapping[str, str] | None = None) -> ClientTls:
+        """Trust and identity for the relay connection: ``[tls]`` here, else the
+        ``$MELLAN_CA_FILE``/``$MELLAN_CLIENT_CERT`` defaults every mellan client uses."""
+        ca = self.verify if isinstance(self.verify, str) else None
+        base = transport.client_tls(ca, stored=self.stored_tls, environ=environ)
+        if self.cert is None:
+            return base
+        return ClientTls(base.ca_file, Path(self.cert[0]), Path(self.cert[1]))
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+
+def default_path(env: Mapping[str, str] | None = None) -> Path:
+    return xdg("config", env) / "mellan" / "receiver.toml"
+
+
+def _expand(text: str, env: Mapping[str, str]) -> Path:
+    if text.startswith("~/") or text == "~":
+        home = env.get("HOME") or str(Path.home())
+        text = home + text[1:]
+    return Path(text)
+
+
+def _known(table: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = sorted(str(k) for k in table if k not in keys)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"it takes {', '.join(keys)}"
+        )
+
+
+def _text(table: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ConfigError(f"{where}{key} must be non-empty text, got {value!r}")
+    return value
+
+
+def _texts(table: Mapping[str, Any], key: str, where: str) -> list[str]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}{key} must be a list of text, got {value!r}")
+    return list(value)
+
+
+def _number(
+    table: Mapping[str, Any], key: str, default: float, low: float, high: float, where: str = ""
+) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"{where}{key} must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def _flag(table: Mapping[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}{key} must be true or false, got {value!r}")
+    return value
+
+
+def resolve_program(name: str, path_env: str | None = None) -> str | None:
+    """The absolute, symlink-free path ``name`` runs as (looked up on PATH if bare)."""
+    found = name if "/" in name else shutil.which(name, path=path_env)
+    if found is None or not os.path.isfile(found):
+        return None
+    return os.path.realpath(found)
+
+
+def _allow(table: Any, env: Mapping[str, str]) -> AllowList:
+    if not isinstance(table, Mapping):
+        raise ConfigError("[allow] is required: which adapters and directories this receiver runs")
+    _known(table, ALLOW_KEYS, "[allow]")
+    adapters = _texts(table, "adapters", "allow.")
+    for name in adapters:
+        if name not in ADAPTERS:
+            raise ConfigError(
+                f"allow.adapters: no adapter is named {name!r}; the adapters are "
+                f"{', '.join(ADAPTERS)}"
+            )
+    dirs = []
+    for d in _texts(table, "cwd", "allow."):
+        path = _expand(d, env)
+        if not path.is_absolute():
+            raise ConfigError(f"allow.cwd: {d!r} must be an absolute path (or start with ~/)")
+        dirs.append(os.path.realpath(path))
+    programs = []
+    for p in _texts(table, "programs", "allow."):
+        resolved = resolve_program(str(_expand(p, env)), env.get("PATH"))
+        if resolved is None:
+            raise ConfigError(f"allow.programs: {p!r} was not found (PATH={env.get('PATH', '')})")
+        programs.append(resolved)
+    return AllowList(
+        adapters=frozenset(adapters),
+        dirs=tuple(dirs),
+        programs=frozenset(programs),
+        urls=tuple(_texts(table, "urls", "allow.")),
+        bypass=_flag(table, "bypass", "allow."),
+        route_env=_flag(table, "route_env", "allow."),
+    )
+
+
+def _tables(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise ConfigError(f"[{where}] must hold one table per name ([{where}.NAME])")
+    return {str(k): dict(v) for k, v in value.items()}
+
+
+def _wake(table: Any, env: Mapping[str, str]) -> Wake | None:
+    if table is None:
+        return None
+    if not isinstance(table, Mapping):
+        raise ConfigError("[wake] must be a table")
+    _known(table, WAKE_KEYS, "[wake]")
+    listen = _text(table, "listen", "wake.")
+    if listen is None:
+        raise ConfigError("wake.listen is required: HOST:PORT to listen on, e.g. 127.0.0.1:8790")
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"wake.listen must be HOST:PORT, got {listen!r}")
+    secret = _text(table, "secret", "wake.")
+    secret_env = _text(table, "secret_env", "wake.")
+    if secret_env is not None:
+        secret = env.get(secret_env) or None
+        if secret is None:
+            raise ConfigError(f"wake.secret_env: the variable {secret_env} is not set")
+    if not secret:
+        raise ConfigError("[wake] needs secret or secret_env: wake-ups are signed")
+    return Wake(host.strip("[]"), int(port_text), secret)
+
+
+def _credential(
+    data: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[str, str | None, str, dict[str, str]]:
+    """(token, relay from the credential file if any, a name for this receiver, the TLS
+    files ``mellan join --ca-file`` stored with it)."""
+    from melchior.mellan.commands._common import agent_file
+
+    path_text = _text(data, "credential", "")
+    agent = _text(data, "agent", "")
+    token_env = _text(data, "token_env", "")
+    given = [k for k, v in (("credential", path_text), ("agent", agent)) if v]
+    if len(given) > 1:
+        raise ConfigError("give one of credential (a file) or agent (a stored join), not both")
+    path = _expand(path_text, env) if path_text else agent_file(agent) if agent else None
+    if path is not None:
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"credential: {path} does not exist (run 'mellan join CODE --relay URL' on "
+                "this machine first)"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"credential: cannot read {path}: {exc}") from exc
+        if not isinstance(stored, dict) or not isinstance(stored.get("token"), str):
+            raise ConfigError(f"credential: {path} is not a mellan agent credential")
+        relay = stored.get("relay")
+        name = str(stored.get("agent") or agent or path.stem)
+        tls = {k: v for k, v in stored.items()
+               if k in ("ca_file", "client_cert", "client_key") and isinstance(v, str)}  # fmt: skip
+        return stored["token"], relay if isinstance(relay, str) else None, name, tls
+    var = token_env or "MELLAN_TOKEN"
+    token = env.get(var)
+    if not token:
+        raise ConfigError(
+            f"no credential: set credential = PATH or agent = ID in the config, or the "
+            f"token in ${var}"
+        )
+    return token, None, "receiver", {}
+
+
+def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) -> ReceiverConfig:
+    """A checked configuration from the TOML document ``data``."""
+    _known(data, TOP_KEYS, "the receiver configuration")
+    token, stored_relay, who, stored_tls = _credential(data, env)
+    relay = _text(data, "relay", "") or env.get("MELLAN_RELAY") or stored_relay
+    if not relay:
+        raise ConfigError("relay is required: the relay's URL (or a credential file naming it)")
+    if not re.match(r"^https?://[^/\s]+", relay):
+        raise ConfigError(f"relay must be an http(s) URL, got {relay!r}")
+    try:  # the one rule every mellan client keeps: no credential in clear on the network
+        transport.check_url(relay, credential=True)
+    except transport.TransportError as exc:
+        raise ConfigError(f"relay: {exc}") from None
+    name = _text(data, "name", "") or who
+    if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", name):
+        raise ConfigError(f"name must be letters, digits, '.', '_', '-' or '/', got {name!r}")
+    state_text = _text(data, "state_dir", "")
+    state_dir = (
+        _expand(state_text, env)
+        if state_text
+        else xdg("data", env) / "mellan" / "receiver" / name.replace("/", "-")
+    )
+    adapters = _tables(data.get("adapters"), "adapters")
+    for adapter, options in adapters.items():
+        try:
+            runtime_for(adapter, options)
+        except RuntimeConfigError as exc:
+            # a partial table (no argv: routes give it) is fine; a typo or wrong type is not
+            if "is required" not in str(exc):
+                raise ConfigError(f"[adapters.{adapter}]: {exc}") from exc
+    tls = data.get("tls") or {}
+    if not isinstance(tls, Mapping):
+        raise ConfigError("[tls] must be a table")
+    _known(tls, TLS_KEYS, "[tls]")
+    ca = _text(tls, "ca", "tls.")
+    cert, key = _text(tls, "cert", "tls."), _text(tls, "key", "tls.")
+    if (cert is None) != (key is None):
+        raise ConfigError("tls.cert and tls.key go together (the client certificate for mTLS)")
+    return ReceiverConfig(
+        relay=relay.rstrip("/"),
+        token=token,
+        name=name,
+        concurrency=int(_number(data, "concurrency", 1, 1, 256)),
+        lease_seconds=_number(data, "lease_seconds", 30, 3, 3600),
+        wait=_number(data, "wait", 25, 0, 60),
+        state_dir=state_dir,
+        allow=_allow(data.get("allow"), env),
+        adapters=adapters,
+        profiles=_tables(data.get("profiles"), "profiles"),
+        wake=_wake(data.get("wake"), env),
+        poll=_number(data, "poll", 5, 0.1, 86400),
+        worker=_text(data, "worker", ""),
+        verify=str(_expand(ca, env)) if ca else True,
+        cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,
+        stored_tls=stored_tls,
+        source=source,
+    )
+
+
+def load(path: Path | None = None, env: Mapping[str, str] | None = None) -> ReceiverConfig:
+    """Read and check the configuration at ``path`` (default: :func:`default_path`)."""
+    import tomllib
+
+    env = os.environ if env is None else env
+    path = path or default_path(env)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no receiver configuration at {path} (see docs/receiver.md for an example; "
+            "pass --config FILE)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse(data, env, path.resolve())

@@ -1,0 +1,438 @@
+"""One claimed task, from lease to spooled report.
+
+The steps, each with its own reason:
+
+1. **Spooled already?** The same turn of the same task finished here before and its
+   report did not reach the relay in time (the lease ran out): report that result under
+   the new lease. A success is never run twice by one receiver.
+2. **Route and allow-list.** The relay hands the owner-approved route with the lease; no
+   route, or a route outside the machine's own allow-list
+   (:mod:`melchior.policy.allowlist`), is reported as a failure that is not retried,
+   naming the rule.
+3. **Run the adapter** (:mod:`melchior.runtimes`) with its own task group: the adapter's
+   turn, and a keeper that renews the lease every TTL/3. The keeper stops the turn
+   (cancelling it kills the adapter's whole process group: TERM, then KILL after the
+   grace) when the relay says the lease is lost — after a cancel it acknowledges with
+   ``cancel-ack`` — and *self-fences* when renewals keep failing past the lease's
+   expiry, so a receiver cut off from the relay stops before another may take over.
+   Progress is streamed to the relay as the adapter reports it; a progress write that
+   says the lease is lost stops the turn too.
+4. **Spool, then report.** The result is written durably to the spool before the
+   relay hears of it; :mod:`melchior.mellan.receiver.reporter` delivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from melchior.mellan.client.receiver_api import (
+    AsyncReceiverClient,
+    ClaimedTask,
+    ReceiverError,
+    Route,
+)
+from melchior.mellan.receiver import prompt
+from melchior.mellan.receiver.config import ReceiverConfig, resolve_program
+from melchior.mellan.receiver.reporter import revoked_reason
+from melchior.mellan.receiver.sessions import Sessions
+from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
+from melchior.mellan.receiver.status import Board, Running, short
+from melchior.policy.allowlist import PROGRAM_OPTION, RouteFacts, may_run, no_route
+from melchior.policy.decision import Decision, refuse
+from melchior.runtimes import (
+    COMPLETED,
+    FAILED,
+    INPUT_REQUIRED,
+    Progress,
+    Runtime,
+    RuntimeConfigError,
+    Turn,
+    TurnResult,
+    runtime_for,
+)
+
+TEST_HOOK = "MELLAN_RECEIVER_TEST_HOOK"
+"""Test-only: ``kill-after-spool`` makes the receiver SIGKILL itself right after a result
+is spooled and before it is reported (the fault tests' window)."""
+
+SESSION_WAIT = 2.0
+"""Seconds a task waits for its bound session to be free on this receiver, at most."""
+
+PROGRESS_TIMEOUT = 5.0
+PROGRESS_QUIET = 5.0
+"""After a progress write fails, further progress is not sent for this long (the turn is
+not held up by an unreachable relay; renewals decide whether the lease stands)."""
+
+
+class LeaseLost(Exception):
+    """The relay says this lease is no longer ours (``reason`` as it gave it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Shared:
+    """What every task run of one receiver shares."""
+
+    config: ReceiverConfig
+    client: AsyncReceiverClient
+    spool: Spool
+    board: Board
+    sessions: Sessions
+    agent: str
+    session_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    revoked: Callable[[str], None] = lambda reason: None
+
+    def say(self, line: str) -> None:
+        self.board.say(line)
+
+
+def agent_message(text: str) -> dict[str, Any]:
+    return {"role": "ROLE_AGENT", "parts": [{"text": text}]}
+
+
+def report_of(result: TurnResult, task_id: str, turn: int, epoch: int) -> Report:
+    """The report a turn's result becomes (the receiver API's complete/fail body)."""
+    now = time.time()
+    if result.state in (COMPLETED, INPUT_REQUIRED):
+        body: dict[str, Any] = {"artifacts": [dict(a) for a in result.artifacts]}
+        if result.text:
+            body["message"] = agent_message(result.text)
+        return Report(
+            task_id, turn, epoch, "complete",
+            {"epoch": epoch, "result": body, "input_required": result.state == INPUT_REQUIRED},
+            now, result.session,
+        )  # fmt: skip
+    if result.state == FAILED:
+        error = result.error or "the turn failed"
+        retryable = result.retryable
+    else:  # CANCELED: something other than this receiver interrupted the turn
+        error = "the agent's turn was interrupted by something other than the receiver"
+        retryable = result.retryable
+    return Report(
+        task_id, turn, epoch, "fail",
+        {"epoch": epoch, "error": error, "retryable": retryable}, now, result.session,
+    )  # fmt: skip
+
+
+def refusal(task_id: str, turn: int, epoch: int, decision: Decision) -> Report:
+    """A task this receiver will not run: failed, not retryable, naming the rule."""
+    error = f"refused by the receiver ({decision.rule}): {decision.reason}"
+    body = {"epoch": epoch, "error": error, "retryable": False}
+    return Report(task_id, turn, epoch, "fail", body, time.time())
+
+
+def judge(route: Route, capability: str, config: ReceiverConfig) -> tuple[Decision, Path | None]:
+    """The allow-list's decision on ``route``, and the working directory it resolves to."""
+    adapter = route.adapter
+    options = route.options
+    cwd_text = route.cwd
+    if cwd_text is None:
+        cwd = config.allow.dirs[0] if config.allow.dirs else None
+        if cwd is None:
+            return (
+                refuse(
+                    "cwd-not-allowed",
+                    f"the route for {capability!r} names no working directory and this "
+                    "receiver's allow-list has none (allow.cwd)",
+                ),
+                None,
+            )
+    elif not os.path.isabs(cwd_text):
+        return (
+            refuse("cwd-not-allowed", f"the route's cwd {cwd_text!r} is not an absolute path"),
+            None,
+        )
+    else:
+        cwd = os.path.realpath(cwd_text)
+    program_given: str | None = None
+    key = PROGRAM_OPTION.get(adapter)
+    value = options.get(key) if key else None
+    if isinstance(value, list | tuple) and value and isinstance(value[0], str):
+        program_given = value[0]
+    elif isinstance(value, str):
+        program_given = value
+    elif value is not None:
+        program_given = repr(value)
+    program = resolve_program(program_given) if program_given else None
+    add_dirs = options.get("add_dirs")
+    dirs = (
+        tuple(
+            os.path.realpath(d) if os.path.isabs(d) else d for d in add_dirs if isinstance(d, str)
+        )
+        if isinstance(add_dirs, list | tuple)
+        else ()
+    )
+    facts = RouteFacts(capability, adapter, cwd, options, program, program_given, dirs)
+    return may_run(facts, config.allow), Path(cwd)
+
+
+class TaskRun:
+    """One lease of one task; :meth:`run` returns the report to deliver (None: nothing)."""
+
+    def __init__(self, shared: Shared, lease: ClaimedTask, claimed_at: float) -> None:
+        self.s = shared
+        self.lease = lease
+        self.claimed_at = claimed_at
+        self.task = lease.task
+        self.tid = lease.task_id
+        self.epoch = lease.epoch
+        self.turn = int(self.task.get("turn") or 1)
+        self.capability = str(self.task.get("capability") or "")
+        self._quiet_until = 0.0
+
+    def say(self, line: str) -> None:
+        self.s.say(f"task {self.tid}: {line}")
+
+    async def run(self) -> Report | None:
+        spooled = await asyncio.to_thread(self.s.spool.get, self.tid, self.turn)
+        if spooled is not None and spooled.kind in REUSABLE:
+            report = spooled.under(self.epoch)
+            await asyncio.to_thread(self.s.spool.put, report)
+            self.say(
+                f"turn {self.turn} already ran here ({spooled.kind}); reporting the spooled "
+                "result instead of running it again"
+            )
+            return report
+        if spooled is not None:
+            await asyncio.to_thread(self.s.spool.drop, spooled)
+        route = self.lease.route
+        if route is None:
+            return await self._refuse(no_route(self.capability, self.s.agent))
+        decision, cwd = judge(route, self.capability, self.s.config)
+        if not decision or cwd is None:
+            return await self._refuse(decision)
+        adapter = route.adapter
+        session = route.session or None
+        key = f"route:{session}" if session else None
+        if key is None:
+            return await self._execute(route, adapter, cwd, session)
+        # The relay already serialises a bound session's tasks; this lock keeps that true
+        # on this machine even if the relay did not. It is not waited on for long: no
+        # renewals run while waiting, and the relay hands out a session's next task only
+        # after the last one ended (the wait covers the moment between a cancel-ack and
+        # the end of the cancelled task's run here).
+        lock = self.s.session_locks.setdefault(key, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), SESSION_WAIT)
+        except TimeoutError:
+            self.say(f"session {session} is busy with another task here; handing this one back")
+            why = f"session {session} was busy with another task on the receiver"
+            body = {"epoch": self.epoch, "retryable": True, "retry_after": SESSION_WAIT,
+                    "error": why}  # fmt: skip
+            return await self._spool(
+                Report(self.tid, self.turn, self.epoch, "fail", body, time.time())
+            )
+        try:
+            return await self._execute(route, adapter, cwd, session)
+        finally:
+            lock.release()
+
+    async def _refuse(self, decision: Decision) -> Report:
+        self.say(f"refused ({decision.rule}): {decision.reason}")
+        return await self._spool(refusal(self.tid, self.turn, self.epoch, decision))
+
+    def _runtime(self, adapter: str, options: Mapping[str, Any]) -> Runtime:
+        """The adapter with this turn's options: local defaults, the profile, the route's
+        (checked at once: a bad option fails the turn, naming it)."""
+        return runtime_for(adapter, {**self.s.config.adapters.get(adapter, {}), **options})
+
+    async def _execute(
+        self, route: Route, adapter: str, cwd: Path, bound: str | None
+    ) -> Report | None:
+        profile_name = route.profile
+        profile: Mapping[str, Any] = {}
+        if isinstance(profile_name, str) and profile_name:
+            if profile_name not in self.s.config.profiles:
+                return await self._refuse(
+                    refuse(
+                        "profile-not-found",
+                        f"the route for {self.capability!r} names profile {profile_name!r}, "
+                        "which this receiver's configuration does not define ([profiles])",
+                    )
+                )
+            profile = self.s.config.profiles[profile_name]
+        options = dict(route.options)
+        try:
+            runtime = self._runtime(adapter, {**profile, **options})
+        except RuntimeConfigError as exc:
+            return await self._spool(
+                Report(self.tid, self.turn, self.epoch, "fail",
+                       {"epoch": self.epoch, "error": str(exc), "retryable": False}, time.time())
+            )  # fmt: skip
+        if not await asyncio.to_thread(cwd.is_dir):
+            return await self._spool(
+                Report(self.tid, self.turn, self.epoch, "fail",
+                       {"epoch": self.epoch, "retryable": False,
+                        "error": f"the route's working directory {cwd} does not exist"},
+                       time.time())
+            )  # fmt: skip
+        session = bound or self.s.sessions.get(self.tid)
+        message, text, env = prompt.build(
+            adapter, self.task, self.lease.payload, self.lease.history, fresh=session is None
+        )
+        turn = Turn(
+            prompt=text,
+            cwd=cwd,
+            message=message,
+            session=session,
+            env=env,
+        )
+        self.s.board.start(
+            Running(
+                self.tid, self.capability, adapter, self.turn,
+                int(self.task.get("attempt") or 1), time.time(),
+            )
+        )  # fmt: skip
+        self.say(
+            f"started turn {self.turn} ({self.capability}, {adapter}, attempt "
+            f"{self.task.get('attempt')}, from {message.sender})"
+        )
+        began = time.monotonic()
+        try:
+            outcome = await self._run_turn(runtime, turn)
+        except asyncio.CancelledError:
+            # the receiver is stopping: the adapter's processes are gone; hand the task back
+            self.say("stopped with the receiver; handing the task back to the relay")
+            await self._hand_back()
+            raise
+        finally:
+            self.s.board.finish(self.tid)
+        if isinstance(outcome, LeaseLost):
+            await self._lost(outcome.reason)
+            return None
+        took = time.monotonic() - began
+        detail = f": {short(outcome.error or '')}" if outcome.state == FAILED else ""
+        self.say(f"turn {self.turn} {outcome.state} in {took:.1f} s{detail}")
+        if outcome.state == INPUT_REQUIRED and outcome.session and not bound:
+            await asyncio.to_thread(self.s.sessions.put, self.tid, outcome.session)
+        elif outcome.state != INPUT_REQUIRED and not bound and self.s.sessions.get(self.tid):
+            await asyncio.to_thread(self.s.sessions.forget, self.tid)
+        return await self._spool(report_of(outcome, self.tid, self.turn, self.epoch))
+
+    async def _spool(self, report: Report) -> Report:
+        await asyncio.to_thread(self.s.spool.put, report)
+        if os.environ.get(TEST_HOOK) == "kill-after-spool":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return report
+
+    async def _emit(self, p: Progress) -> None:
+        line = p.text or p.kind
+        self.s.board.progress(self.tid, line)
+        if p.kind != "usage":
+            self.say(f"{p.kind}: {short(line, 160)}")
+        if time.monotonic() < self._quiet_until:
+            return
+        if p.kind == "status":
+            kind, body = "status", {"message": agent_message(p.text)}
+            if p.data:
+                body["detail"] = dict(p.data)
+        elif p.kind == "message":
+            kind, body = "message", agent_message(p.text)
+        elif p.kind == "artifact":
+            if not p.data:
+                return
+            kind, body = "artifact", dict(p.data)
+        else:  # usage: the caller sees what the turn cost, as a status line
+            data = dict(p.data or {})
+            said = ", ".join(f"{k} {v}" for k, v in data.items())
+            kind, body = "status", {"message": agent_message(f"usage: {said}"), "usage": data}
+        try:
+            out = await asyncio.wait_for(
+                self.s.client.progress(self.tid, self.epoch, kind, body), PROGRESS_TIMEOUT
+            )
+        except (ReceiverError, TimeoutError) as exc:
+            self._quiet_until = time.monotonic() + PROGRESS_QUIET
+            self.say(f"progress not sent ({exc or 'timed out'}); the turn goes on")
+            return
+        if out.lease_lost:
+            raise LeaseLost(out.reason or "lease-lost")
+
+    async def _run_turn(self, runtime: Runtime, turn: Turn) -> TurnResult | LeaseLost:
+        """The adapter's turn beside the lease keeper, in one task group."""
+        lost: list[LeaseLost] = []
+        lease = self.s.config.lease_seconds
+        interval = lease / 3
+
+        async def keep(work: asyncio.Task[TurnResult]) -> None:
+            deadline = self.claimed_at + lease
+            next_at = self.claimed_at + interval
+            failures = 0
+            while True:
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                sent = time.monotonic()
+                try:
+                    out = await asyncio.wait_for(
+                        self.s.client.renew(self.tid, self.epoch, lease_seconds=lease),
+                        max(0.5, deadline - sent),
+                    )
+                except (ReceiverError, TimeoutError) as exc:
+                    failures += 1
+                    if isinstance(exc, ReceiverError) and exc.status == 401:
+                        self.s.revoked(revoked_reason(exc))
+                        lost.append(LeaseLost("revoked"))
+                        work.cancel()
+                        return
+                    if time.monotonic() >= deadline:
+                        self.say(
+                            "renewals failed past the lease's expiry; stopping the turn "
+                            "(self-fenced: another receiver may take the task over)"
+                        )
+                        lost.append(LeaseLost("self-fenced"))
+                        work.cancel()
+                        return
+                    if failures == 1:
+                        self.say(f"renewal failed ({exc or 'timed out'}); retrying")
+                    next_at = time.monotonic() + min(1.0, interval)
+                    continue
+                failures = 0
+                if out.ok:
+                    deadline = sent + lease
+                    next_at = sent + interval
+                    continue
+                lost.append(LeaseLost(out.reason or out.outcome.value))
+                work.cancel()
+                return
+
+        work: asyncio.Task[TurnResult] | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                work = tg.create_task(runtime.run(turn, self._emit))
+                keeper = tg.create_task(keep(work))
+                work.add_done_callback(lambda _: keeper.cancel())
+        except* LeaseLost as group:
+            first = group.exceptions[0]
+            assert isinstance(first, LeaseLost)
+            lost.insert(0, first)
+        if lost:
+            return lost[0]
+        assert work is not None
+        return work.result()
+
+    async def _lost(self, reason: str) -> None:
+        if reason == "cancelled":
+            self.say("cancelled by the caller; the adapter was stopped")
+            try:
+                await asyncio.wait_for(self.s.client.cancel_ack(self.tid, self.epoch), 10)
+            except (ReceiverError, TimeoutError) as exc:
+                self.say(f"cancel-ack not sent ({exc or 'timed out'}); the relay's grace covers it")
+        else:
+            self.say(f"lease lost ({reason}); the adapter was stopped and its result dropped")
+
+    async def _hand_back(self) -> None:
+        """On shutdown: fail the turn retryably so the task is queued again at once rather
+        than after its lease runs out (bounded; a relay that cannot be told waits it out)."""
+        body = {"epoch": self.epoch, "retryable": True, "retry_after": 0,
+                "error": "the receiver was stopped while the task ran"}  # fmt: skip
+        with contextlib.suppress(ReceiverError, TimeoutError, asyncio.CancelledError):
+            await asyncio.shield(asyncio.wait_for(self.s.client.report(self.tid, "fail", body), 5))
