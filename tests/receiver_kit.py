@@ -41,6 +41,9 @@ if count:
 word, _, rest = text.partition(" ")
 if word == "sleep":
     time.sleep(float(rest.split()[0]))
+elif word == "first-sleep":  # only the first attempt takes long
+    if os.environ.get("MELLAN_TASK_ATTEMPT") == "1":
+        time.sleep(float(rest.split()[0]))
 elif word == "child":  # a grandchild that would outlive a careless kill; TERM ignored
     import signal, subprocess
     kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

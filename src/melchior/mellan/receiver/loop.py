@@ -69,6 +69,7 @@ class Receiver:
         self._main: asyncio.Task[int] | None = None
         self._supervising = False
         self._told_poll = False
+        self._delivering: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.shared = Shared(
             config=config,
             client=self.client,
@@ -183,8 +184,17 @@ class Receiver:
             finally:
                 self.board.reporting -= 1
                 self.board.dirty = True
+                if self._delivering.get(key) is me:
+                    del self._delivering[key]
 
-        tg.create_task(go())
+        # A report for a turn supersedes one still being delivered for it (the task came
+        # back under a new lease while the old report was retrying): one delivery per turn.
+        key = (report.task_id, report.turn)
+        old = self._delivering.get(key)
+        if old is not None:
+            old.cancel()
+        me = tg.create_task(go())
+        self._delivering[key] = me
 
     async def _report_spooled(self, tg: asyncio.TaskGroup) -> None:
         """Every spooled report gets its first attempt before anything new is claimed."""
