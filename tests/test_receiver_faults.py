@@ -226,9 +226,11 @@ def test_relay_restarted_mid_task_nothing_is_lost(
     current = relay
     try:
         with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
-            task_id = net.send("sleep 1")
+            go = tmp_path / "go"
+            task_id = net.send(f"wait-for {go}")
             rp.wait_line(f"task {task_id}: started turn 1")
             assert relay.stop() == 0
+            go.touch()
             # the work finishes while the relay is away: its result waits in the spool
             rp.wait_line(f"task {task_id}: reporting failed")
             assert executions(count, task_id, "end") == 1
@@ -290,7 +292,7 @@ def test_renewals_failing_past_the_lease_self_fence_the_turn(
     current = relay
     try:
         with receiving(net, config, env={"COUNT_FILE": str(count)}) as rp:
-            task_id = net.send("sleep 8")
+            task_id = net.send("first-sleep 60")
             rp.wait_line(f"task {task_id}: started turn 1")
             first = wait_for(lambda: count.exists() and count.read_text().split(), "a pid")
             pid = int(first[1])
