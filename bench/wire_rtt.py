@@ -5,8 +5,10 @@
 Three peers, each in its own process, one blocking Python client:
 
 - echo:              a raw length-prefixed echo server (the baseline: no JSON, no rules);
-- answer (raw):      melchior.wire.server.answer serving a status call, client sends
-                     pre-encoded bytes and reads the reply frame without decoding it;
+- answer (raw):      melchior.wire.server (the Answerer protocol every session socket
+                     uses) serving a status call, answered at once as serve answers
+                     status; client sends pre-encoded bytes and reads the reply frame
+                     without decoding it;
 - answer (frames):   the same server, client using melchior.wire.frames.send/recv
                      (encode the call, decode and check the reply): what a caller pays.
 
@@ -31,14 +33,18 @@ from melchior.wire.envelope import call, unwrap
 
 
 def serve_answer(path: str) -> None:
-    """A peer answering with every socket rule (server.answer) and a trivial handler."""
-    from melchior.wire.server import answer
+    """A peer answering with every socket rule (melchior.wire.server) and a trivial handler."""
+    from melchior.wire.server import Answerer
 
-    async def on_call(verb: str, args: list[Any], msg: dict[str, Any]) -> list[Any]:
+    def now(verb: str, args: list[Any], msg: dict[str, Any]) -> list[Any]:
         return [{"busy": False, "working_for": None, "waiting": 0}]
 
+    async def on_call(verb: str, args: list[Any], msg: dict[str, Any]) -> list[Any]:
+        return now(verb, args, msg)
+
     async def main() -> None:
-        server = await asyncio.start_unix_server(lambda r, w: answer(r, w, on_call), path=path)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: Answerer(on_call, now=now), path=path)
         print("ready", flush=True)
         async with server:
             await server.serve_forever()

@@ -57,6 +57,7 @@ class Server:
         poll: float = 0.2,
         notifier: Notifier | None = None,
         push: dict[str, Any] | None = None,
+        relay: dict[str, Any] | None = None,
     ) -> None:
         self.notifier = notifier or LocalNotifier()
         self.store = open_store(db_url, publish=self.notifier.publish)
@@ -68,8 +69,9 @@ class Server:
         self.sock = sock
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.relay = Relay(
-            store=self.store, notifier=self.notifier, public_url=self.url, poll_interval=poll
-        )
+            store=self.store, notifier=self.notifier, public_url=self.url, poll_interval=poll,
+            **(relay or {}),
+        )  # fmt: skip
         if push is not None:  # the push deliverer with a test's pace (see relay/push.py)
             self.relay.pusher = Pusher(self.relay, **push)
         config = uvicorn.Config(

@@ -14,7 +14,7 @@ from a2a_kit import WS, message, running
 from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier
-from melchior.mellan.relay.store.base import NewTask, Task
+from melchior.mellan.relay.store.base import NewTask, OverLimit, Task
 from melchior.mellan.relay.store.sqlite import SQLiteStore
 
 
@@ -52,11 +52,11 @@ class FlakyStore(SQLiteStore):
 
     batches: list[int]
 
-    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+    def admit(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool] | OverLimit]:
         self.batches.append(len(tasks))
         if any(json.loads(t.payload).get("poison") for t in tasks):
             raise ValueError("poisoned")
-        return super().enqueue_many(tasks)
+        return super().admit(tasks)
 
 
 def test_one_bad_task_does_not_sink_its_batch(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from a2a_kit import Receiver
@@ -218,6 +219,31 @@ def test_a_task_moves_through_its_states_live_and_is_canceled(
     finally:
         rx.stop()
     assert not rx.errors
+
+
+def test_the_owner_approves_a_proposed_route(
+    chromium: object, relay: RelayProc, shots: Path
+) -> None:
+    """A route the receiving agent proposes waits on the Routes page; one click (and the
+    confirmation) puts it in force, and the agent's own API says so."""
+    _caller, receiver = _world(relay)
+    proposal = {"capability": "incident.inspect", "adapter": "command", "cwd": "/srv/ops",
+                "options": {"argv": ["/usr/local/bin/inspect-incident"]}}  # fmt: skip
+    with httpx.Client(base_url=relay.url, headers={"authorization": f"Bearer {receiver}"}) as c:
+        route = ok(c.post("/api/routes", json=proposal), 201)
+    page = _page(chromium)
+    _sign_in(page, relay, "/ui/routes")
+    row = f'#pending tr[data-route="{route["id"]}"]'
+    page.wait_for_selector(row)
+    assert "/srv/ops" in page.locator(row).inner_text()
+    page.once("dialog", lambda dialog: dialog.accept())
+    with page.expect_navigation():
+        page.locator(row).get_by_role("button", name="Approve").click()
+    page.wait_for_selector(f'#approved tr[data-route="{route["id"]}"]')
+    _shoot(page, shots, "routes")
+    page.context.close()
+    with httpx.Client(base_url=relay.url, headers={"authorization": f"Bearer {receiver}"}) as c:
+        assert ok(c.get(f"/api/routes/{route['id']}"))["state"] == "approved"
 
 
 def _eventually_cancelled(rx: Receiver, task_id: str) -> bool:

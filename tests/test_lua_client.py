@@ -35,7 +35,7 @@ from melchior.wire.codec import JSONObject
 from melchior.wire.envelope import Refused
 from melchior.wire.frames import FrameDecoder
 from melchior.wire.gate import FORBIDDEN_TAGS
-from melchior.wire.server import answer
+from melchior.wire.server import Answerer
 
 lupa = pytest.importorskip("lupa")
 
@@ -174,7 +174,7 @@ def lua_error(exc: BaseException) -> str:
     return text.split("\nstack traceback:")[0]
 
 
-# -- a session stand-in built on melchior.wire.server.answer ---------------------------------
+# -- a session stand-in built on melchior.wire.server.Answerer -------------------------------
 
 
 class SessionServer:
@@ -200,10 +200,8 @@ class SessionServer:
         asyncio.set_event_loop(self._loop)
 
         async def start() -> asyncio.AbstractServer:
-            return await asyncio.start_unix_server(
-                lambda r, w: answer(r, w, self.on_call, self.on_event),
-                path=str(self.path),
-                limit=64 * 1024 * 1024,
+            return await asyncio.get_running_loop().create_unix_server(
+                lambda: Answerer(self.on_call, self.on_event), path=str(self.path)
             )
 
         self._server = self._loop.run_until_complete(start())

@@ -3,40 +3,23 @@ PLANE.toml example in it is a valid configuration."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
+from doc_kit import run_bash, script_bin, sh_blocks
 from melchior.plane.config import parse
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "plane.md"
 
 
-def _walk_through() -> str:
-    section = DOC.read_text(encoding="utf-8").split("## Walk-through", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "docs/plane.md has no sh block under Walk-through"
-    return match.group(1)
-
-
 def test_the_walk_through_runs(tmp_path: Path) -> None:
-    bindir = Path(sys.executable).parent
-    if not (bindir / "melchior").exists():
-        pytest.skip("no melchior script next to this interpreter")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAGI_", "MELCHIOR_"))}
-    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp_path))
-    done = subprocess.run(
-        ["bash", "-e", "-c", _walk_through()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,  # a hang guard, not a threshold
-        check=False,
+    (script,) = sh_blocks("plane.md", "Walk-through")
+    done = run_bash(
+        script,
+        bindir=script_bin("melchior"),
+        drop=["MAGI_", "MELCHIOR_"],
+        env={"TMPDIR": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout

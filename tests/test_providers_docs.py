@@ -3,39 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from doc_kit import run_bash, script_bin, sh_blocks
+
 pytestmark = pytest.mark.streaming
-
-DOC = Path(__file__).resolve().parent.parent / "docs" / "providers.md"
-
-
-def _walk_through() -> str:
-    section = DOC.read_text(encoding="utf-8").split("## Walk-through", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "docs/providers.md has no sh block under Walk-through"
-    return match.group(1)
 
 
 def test_the_walk_through_runs(tmp_path: Path) -> None:
-    bindir = Path(sys.executable).parent
-    if not (bindir / "melchior").exists():
-        pytest.skip("no melchior script next to this interpreter")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
-    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp_path))
-    done = subprocess.run(
-        ["bash", "-e", "-c", _walk_through()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,  # a hang guard, not a threshold
-        check=False,
+    (script,) = sh_blocks("providers.md", "Walk-through")
+    done = run_bash(
+        script, bindir=script_bin("melchior"), drop=["XDG_"], env={"TMPDIR": str(tmp_path)}
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -9,6 +9,7 @@ still undelivered.
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ import httpx
 import pytest
 
 from a2a_kit import CALLER, WS, Receiver, Server, World, message, running
+from dashboard_kit import sign_in
 from melchior.mellan.relay.store.base import PushAttempt, TaskState
 from melchior.mellan.signing import verify
 from storekit import db_url_fixture  # noqa: F401
@@ -242,8 +244,32 @@ def test_a_4xx_gives_the_row_up_and_the_next_rows_still_go(
         assert first.gave_up_at is not None
         assert first.last_error is not None
         assert "410" in first.last_error
+        rows = until_settled(server, tid)
+        # the owner's dashboard shows each notification on the task's timeline
+        c, _ = sign_in(server.url, world.tokens["owner"])
+        page = html.unescape(c.get(f"/ui/tasks/{tid}").text)
+        assert page.count("push given up") == 1
+        assert page.count("push delivered") == len(rows) - 1
+        assert f"given up after 1 try; last error: {first.last_error}" in page
     finally:
         hook.close()
+
+
+def until_settled(server: Server, tid: str) -> list[PushAttempt]:
+    """The task's outbox once the task is finished and every row delivered or given up."""
+    deadline = time.monotonic() + 60
+    while True:
+        rows = server.store.push_attempts(tid)
+        task = server.store.get_task(WS, tid)
+        done = task is not None and task.state is TaskState.SUCCEEDED
+        if (
+            done
+            and all(r.delivered_at or r.gave_up_at for r in rows)
+            and rows[-1].state is (TaskState.SUCCEEDED)
+        ):
+            return rows
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.02)
 
 
 def test_a_slow_webhook_does_not_hold_up_others(db_url: str) -> None:

@@ -71,6 +71,7 @@ def test_database_urls_lose_their_password_in_status_lines() -> None:
     assert redact("postgresql://u:secret@db:5432/x") == "postgresql://u:***@db:5432/x"
     assert redact("postgresql://db/x") == "postgresql://db/x"
     assert redact("sqlite:///tmp/a.db") == "sqlite:///tmp/a.db"
+    assert redact("/tmp/a.db") == "sqlite:///tmp/a.db"  # a bare path: one URL form
 
 
 def test_lease_lost_reasons() -> None:

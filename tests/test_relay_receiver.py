@@ -287,3 +287,44 @@ def test_shutdown_answers_open_long_polls_and_exits_cleanly(relay: RelayProc, st
     assert response.status == 200
     assert json.loads(response.read()) == {"leases": []}
     assert any("stopped" in line for line in relay.lines)
+
+
+def test_batched_renew_and_complete_answer_each_item_as_one_by_one(
+    relay: RelayProc, store: Store
+) -> None:
+    """One request, one transaction, many tasks: each item is fenced, owned and answered
+    exactly as the single endpoints would answer it, in order."""
+    codex, ops = setup_pair(relay)
+    ids = [enqueue(store) for _ in range(4)]
+    with ReceiverClient(relay.url, ops) as rc:
+        leases = rc.claim(limit=4, wait=0)
+        assert sorted(lease.task_id for lease in leases) == sorted(ids)
+        epochs = {lease.task_id: lease.epoch for lease in leases}
+        stale = ids[3]
+        store.expire_leases([stale])  # type: ignore[attr-defined]
+        assert claim_one(rc).epoch > epochs[stale]  # reclaimed: the old epoch is fenced out
+        renewed = rc.renew_many(
+            [(t, epochs[t]) for t in ids] + [("no-such-task", 1)], lease_seconds=60
+        )
+        assert [r.outcome for r in renewed] == [Outcome.OK] * 3 + [
+            Outcome.LEASE_LOST, Outcome.NOT_FOUND,
+        ]  # fmt: skip
+        assert renewed[3].reason == "stale-epoch"
+        result = {"message": {"role": "ROLE_AGENT", "parts": [{"text": "done"}]}}
+        done = rc.complete_many(
+            [(t, epochs[t], result) for t in ids[:3]] + [(ids[0], epochs[ids[0]], result)]
+        )
+        assert [r.outcome for r in done] == [Outcome.OK] * 3 + [Outcome.DUPLICATE]
+    # another agent's tasks answer as unknown, item by item, and nothing changes
+    with ReceiverClient(relay.url, codex) as rc:
+        assert [r.outcome for r in rc.renew_many([(ids[0], epochs[ids[0]])])] == [Outcome.NOT_FOUND]
+    for t in ids[:3]:
+        assert task(relay, t)["state"] == "succeeded"
+    with httpx.Client(base_url=relay.url, headers={"authorization": f"Bearer {ops}"}) as c:
+        for bad in ({"leases": []}, {"leases": [1]}, {"leases": [{"task_id": "x"}]},
+                    {"leases": [{"task_id": "x", "epoch": 1}] * 101}):  # fmt: skip
+            r = c.post("/api/receiver/renew", json=bad)
+            assert r.status_code == 400, (bad, r.text)
+            assert "leases" in r.text or "epoch" in r.text
+    actions = [r["action"] for r in audit(relay) if r["subject"] in ids]
+    assert actions.count("task.complete") >= 3

@@ -280,7 +280,7 @@ def test_oversized_and_non_utf8_reports_are_refused_and_nothing_is_lost(harness:
 
 
 def _serve_in_process(path: Path, fake_uid: int | None, monkeypatch: pytest.MonkeyPatch) -> bytes:
-    """Run one Serve.connection for a peer and return what the peer read."""
+    """Serve one connection of a peer the way serve does (Serve.protocol); what it read."""
     from melchior.session.identity import Identity
     from melchior.session.registry import Registry
 
@@ -290,7 +290,8 @@ def _serve_in_process(path: Path, fake_uid: int | None, monkeypatch: pytest.Monk
     async def main() -> bytes:
         me = Identity("demo", "alpha-beta", "main", None, None)
         srv = serve_mod.Serve(me, Registry(path.parent, "demo"), "instance", serve_mod.Output(None))
-        server = await asyncio.start_unix_server(srv.connection, path=os.fspath(path))
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(srv.protocol, path=os.fspath(path))
         async with server:
             os.chmod(path, 0o777)
             proc = await asyncio.create_subprocess_exec(

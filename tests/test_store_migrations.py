@@ -109,6 +109,7 @@ def test_v7_routes_on_agents_made_before(
     approved, by the schema itself."""
     from melchior.mellan.relay.store.base import NewRoute, RouteState
 
+    latest = migrations.LATEST_SQLITE if kind == "sqlite" else migrations.LATEST_POSTGRES
     s = _make(kind, tmp_path, request)
     try:
         assert getattr(s, "migrate")(target=6) == 6  # noqa: B009
@@ -117,7 +118,7 @@ def test_v7_routes_on_agents_made_before(
         s.close()
     s = _make(kind, tmp_path, request)
     try:
-        assert s.migrate() == 7
+        assert s.migrate() == latest
         agent = s.get_agent(WS, RECEIVER)
         assert agent is not None
         assert (agent.receiver_seen_at, agent.receiver_info, agent.wake_url) == (None, None, None)
@@ -127,5 +128,53 @@ def test_v7_routes_on_agents_made_before(
         assert s.approve_route(WS, b.id, "owner:o").superseded[0].id == a.id
         states = {r.id: r.state for r in s.list_routes(WS)}
         assert states == {a.id: RouteState.REVOKED, b.id: RouteState.APPROVED}
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_v8_on_a_v6_database(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """v8 (send limits, request ids in audit) on a database from v6: its audit records and
+    grants come through, old records without a request id."""
+    from melchior.mellan.relay.store.base import Caps, OverLimit, Record
+    from melchior.policy.send_limits import Overrides
+
+    latest = migrations.LATEST_SQLITE if kind == "sqlite" else migrations.LATEST_POSTGRES
+    s = _make(kind, tmp_path, request)
+    try:
+        assert getattr(s, "migrate")(target=6) == 6  # noqa: B009
+        seed(s)
+        g = s.add_grant(WS, CALLER, RECEIVER, ["incident.inspect"])
+        # a v6 audit row, written with v6's columns
+        if kind == "sqlite":
+            import sqlite3
+
+            conn = sqlite3.connect(tmp_path / "relay.db", isolation_level=None)
+            conn.execute(
+                "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule, reason,"
+                " detail) VALUES ('w', 0, 'relay', 'old', 's', 1, 'r', 'v6', '{}')"
+            )
+            conn.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason,"
+                    " detail) VALUES ('w', 'relay', 'old', 's', true, 'r', 'v6', '{}')"
+                )
+    finally:
+        s.close()
+    s = _make(kind, tmp_path, request)
+    try:
+        assert s.migrate() == latest
+        assert [(r.action, r.request_id) for r in s.audit_since(WS)] == [("old", None)]
+        assert [x.id for x in s.list_grants(WS)] == [g.id]
+        rec = Record("owner:o", "limits.set", "owner", "v8", request_id="r-1")
+        assert s.set_limits(WS, RECEIVER, Overrides(max_queued=1), record=rec).max_queued == 1
+        assert s.audit_since(WS)[-1].request_id == "r-1"
+        caps = Caps(max_unfinished_per_receiver=10, max_queued=1)
+        got = s.admit([new_task(caps=caps), new_task(caps=caps)])
+        assert isinstance(got[1], OverLimit)
     finally:
         s.close()

@@ -168,6 +168,9 @@ HEAVY = {"argparse", "dataclasses", "inspect", "tomllib", "hashlib", "secrets", 
 """Modules 'status' and 'who' must not import: start-up is a feature (issue 3), and a
 structural check stays true on a loaded machine where a timing threshold would not."""
 
+QUICK_NEVER = {"melchior.tool", "melchior.names", "pathlib", "typing", "socket", "selectors"}
+"""Modules ``status`` about oneself must not import (each costs 2-4 ms of the exec)."""
+
 _IMPORTS = (
     "import json, sys\n"
     "from melchior.cli import main\n"
@@ -191,5 +194,39 @@ def test_status_and_who_import_nothing_heavy(harness: Harness, verb: list[str]) 
     assert done.returncode == 0, done.stdout
     assert json.loads(done.stdout)["ok"] is True
     loaded = set(json.loads(done.stderr))
-    assert "melchior.tool" in loaded
     assert loaded & HEAVY == set()
+    if verb == ["--verb=status"]:
+        # A session asking about itself takes the short path (melchior.tool_quick): none of
+        # the vocabulary, walls, pathlib, typing or socket's enums (issue 10).
+        assert "melchior.tool_quick" in loaded
+        assert loaded & QUICK_NEVER == set()
+    else:
+        assert "melchior.tool" in loaded
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "melchior"
+"""The installed ``melchior`` command (pyproject's script-files), not pip's launcher."""
+
+NEVER_ON_STATUS = {"re", "enum", "json", "typing", "pathlib", "socket", "selectors", "asyncio"}
+"""What ``status`` about oneself must not import through the installed command: each is
+2-5 ms of an exec that a bare interpreter does in ~12 ms (issue 10)."""
+
+
+def test_the_melchior_command_answers_status_without_re_json_or_typing(harness: Harness) -> None:
+    root = harness.start()
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(SCRIPT), "tool", "--verb=status"],
+        env=root.tool_env(),
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"][0]["id"] == root.id
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "melchior.tool_quick" in imported
+    assert imported & NEVER_ON_STATUS == set()

@@ -59,3 +59,84 @@ def test_arbitrary_bytes_give_a_value_or_a_wire_error(data: bytes) -> None:
     except WireError as exc:
         value = exc
     assert isinstance(value, dict) or (isinstance(value, WireError) and value.reason)
+
+
+def _loads_as_before(data: bytes) -> tuple[str, object]:
+    """The decoder before it ran the scanner itself: json.loads with the same options."""
+    import json
+
+    from melchior.wire import codec
+
+    try:
+        text = data.decode("utf-8")
+        if text.startswith("\ufeff"):
+            return "err", "bom"
+        return "ok", json.loads(
+            text,
+            parse_constant=codec._reject_constant,
+            object_pairs_hook=codec._unique,
+        )
+    except UnicodeDecodeError:
+        return "err", "utf8"
+    except codec._DuplicateKey as exc:
+        return "err", f"message repeats a key: {exc}"
+    except (ValueError, RecursionError) as exc:
+        return "err", f"message is not JSON: {exc}"
+
+
+json_texts = st.one_of(
+    st.binary(max_size=40),
+    st.builds(
+        lambda pre, body, post: (pre + body + post).encode(),
+        st.sampled_from(["", " ", "\n\t", "x"]),
+        st.sampled_from(['{"a":1}', '{"a":[1,2.5e3,"\\u00e9"]}', '{"a":1,"a":2}', "[]", "{", "1"]),
+        st.sampled_from(["", " ", "\r\n", "{}", " x", ",", "NaN"]),
+    ),
+)
+
+
+def _decode_now(data: bytes) -> tuple[str, object]:
+    try:
+        return "ok", decode(data)
+    except WireError as exc:
+        return exc.code, exc.reason
+
+
+@given(json_texts)
+def test_decode_answers_as_json_loads_did(data: bytes) -> None:
+    kind, expected = _loads_as_before(data)
+    code, got = _decode_now(data)
+    if kind == "ok" and isinstance(expected, dict):
+        assert (code, got) == ("ok", expected)
+    elif kind == "ok":
+        assert code == "not-an-object"
+    elif expected in ("bom", "utf8"):
+        assert code in ("bad-json", "bad-encoding")
+    else:
+        assert got == expected
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.just("\ud800"),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4))
+def test_encode_writes_what_json_dumps_wrote(obj: dict[str, object]) -> None:
+    import json
+
+    try:
+        expected: object = json.dumps(
+            obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
+        expected = type(exc)
+    try:
+        got: object = encode(obj)
+    except WireError as exc:
+        got = UnicodeEncodeError if exc.code == "bad-encoding" else ValueError
+    assert got == expected
+    if isinstance(got, bytes):
+        assert decode(got) == json.loads(got)

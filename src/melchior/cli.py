@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 
 from melchior import __version__
-from melchior.dispatch import Program, run
+from melchior.dispatch import TYPE_CHECKING, Program, run
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("melchior.commands.serve", "bind this session's socket and answer for it"),

@@ -10,30 +10,44 @@ description. The top-level help is built from the table and imports nothing.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up, above)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 
-class Program(NamedTuple):
+class Program:
     """One command's name, version and subcommand table.
 
-    A NamedTuple rather than a dataclass: importing dataclasses (and the inspect module
-    it pulls in) costs every exec ~15-25 ms, a fifth of ``melchior tool``'s start-up.
+    A plain class rather than a NamedTuple or a dataclass: typing (for NamedTuple) is
+    ~3 ms of every exec and dataclasses (with the inspect module it pulls in) ~15-25 ms,
+    and ``melchior tool`` is exec'd once per request.
     """
 
-    prog: str
-    version: str
-    description: str
-    commands: Mapping[str, tuple[str, str]]  # name -> (module, one-line help)
-    footer: str = ""
+    __slots__ = ("commands", "description", "footer", "prog", "version")
+
+    def __init__(
+        self,
+        prog: str,
+        version: str,
+        description: str,
+        commands: Mapping[str, tuple[str, str]],  # name -> (module, one-line help)
+        footer: str = "",
+    ) -> None:
+        self.prog = prog
+        self.version = version
+        self.description = description
+        self.commands = commands
+        self.footer = footer
 
 
 def run(program: Program, argv: Sequence[str]) -> int:
     args = list(argv)
     if args and args[0] in program.commands:
         name = args[0]
-        module = importlib.import_module(program.commands[name][0])
+        __import__(program.commands[name][0])  # importlib itself is one more import
+        module = sys.modules[program.commands[name][0]]
         fast = getattr(module, "parse_fast", None)
         quick = fast(args[1:]) if fast is not None else None
         if quick is not None:

@@ -12,92 +12,49 @@ import errno
 import fcntl
 import os
 import re
-import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-GREEK = (
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-    "nu",
-    "xi",
-    "omicron",
-    "pi",
-    "rho",
-    "sigma",
-    "tau",
-    "upsilon",
-    "phi",
-    "chi",
-    "psi",
-    "omega",
+from melchior import naming
+from melchior.naming import (
+    ENV_ID,
+    ENV_PARENT,
+    ENV_PROJECT,
+    ENV_TOKEN,
+    GREEK,
+    LOCK_FILE,
+    MAX_ID_LEN,
+    MAX_PROJECT_LEN,
+    ROLES,
+    SUN_PATH_MAX,
+    USED_FILE,
+    NamingError,
+    check_id,
+    check_project,
+    is_id,
+    project_key,
 )
+from melchior.naming import _check_private_dir as _check_private_dir_str
 
-ENV_PROJECT = "MAGI_MELCHIOR_PROJECT"
-ENV_ID = "MAGI_MELCHIOR_ID"
-ENV_PARENT = "MAGI_MELCHIOR_PARENT"
-ENV_TOKEN = "MAGI_MELCHIOR_TOKEN"
-
-MAX_ID_LEN = 26
-"""Longest id we mint; the socket-path budget assumes it."""
-
-MAX_PROJECT_LEN = 64
-SUN_PATH_MAX = 107
-"""Usable bytes of ``sun_path`` on Linux (108 including the NUL)."""
-
-_WORD = "(?:" + "|".join(GREEK) + ")"
-ID_RE = re.compile(rf"^{_WORD}(?:-{_WORD}){{1,3}}$")
-PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ROLES = ("main", "sub")
-USED_FILE = ".used"
-LOCK_FILE = ".lock"
-
-
-class NamingError(ValueError):
-    """A name, project or runtime directory that cannot be used, with why and what to do."""
-
-
-def is_id(text: str) -> bool:
-    return len(text) <= MAX_ID_LEN and ID_RE.match(text) is not None
-
-
-def check_id(text: str) -> str:
-    if not is_id(text):
-        raise NamingError(
-            f"{text!r} is not a session id; ids are two to four Greek letter names joined by "
-            "'-' (like 'alpha-rho'), as printed by 'melchior fork' or in 'listening.at'"
-        )
-    return text
-
-
-def check_project(name: str) -> str:
-    """Validate a project name: it becomes one path component, so it must be one."""
-    if not name:
-        raise NamingError(f"the project name is empty; set {ENV_PROJECT} to a short name")
-    if len(name.encode()) > MAX_PROJECT_LEN:
-        raise NamingError(
-            f"project name {name[:20]!r}… is {len(name.encode())} bytes; at most "
-            f"{MAX_PROJECT_LEN} are allowed"
-        )
-    if "/" in name or name in (".", "..") or ".." in name:
-        raise NamingError(f"project name {name!r} may not contain '/' or '..'")
-    if not PROJECT_RE.match(name):
-        raise NamingError(
-            f"project name {name!r} may only use letters, digits, '.', '_' and '-', "
-            "and must start with a letter or digit"
-        )
-    return name
+__all__ = [
+    "ENV_ID",
+    "ENV_PARENT",
+    "ENV_PROJECT",
+    "ENV_TOKEN",
+    "GREEK",
+    "LOCK_FILE",
+    "MAX_ID_LEN",
+    "MAX_PROJECT_LEN",
+    "ROLES",
+    "SUN_PATH_MAX",
+    "USED_FILE",
+    "NamingError",
+    "check_id",
+    "check_project",
+    "is_id",
+    "project_key",
+]
 
 
 def derive_project(cwd: Path) -> str:
@@ -154,93 +111,23 @@ ANONYMOUS = "-"
 
 def _check_private_dir(path: Path, *, what: str) -> str | None:
     """Why ``path`` is not a private directory of ours, or None when it is."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return f"{what} {path} does not exist"
-    except OSError as exc:
-        return f"{what} {path} cannot be read: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{what} {path} is not a directory"
-    if st.st_uid != os.getuid():
-        return f"{what} {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
-    if st.st_mode & 0o077:
-        return (
-            f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700 so other "
-            f"users cannot reach the sockets in it (fix: chmod 700 {path})"
-        )
-    return None
-
-
-def _ensure_private_dir(path: Path, *, what: str) -> Path:
-    """Create ``path`` 0700 if missing; refuse (never repair) one that is not ours.
-
-    A directory we did not make private is refused rather than silently chmod'ed:
-    someone else may already have put a socket in it.
-    """
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    why = _check_private_dir(path, what=what)
-    if why is not None:
-        raise NamingError(why)
-    return path
+    return _check_private_dir_str(os.fspath(path), what=what)
 
 
 def fallback_base() -> Path:
-    return Path(f"/tmp/melchior-{os.getuid()}")
+    return Path(naming.fallback_base())
 
 
 def runtime_base(env: Mapping[str, str]) -> Path:
-    """``$XDG_RUNTIME_DIR/melchior``, or ``/tmp/melchior-<uid>`` when that is unusable.
-
-    XDG_RUNTIME_DIR is inherited into places it is wrong (sudo, slurm, a logged-out
-    ssh), so it is used only when it is a directory we own with mode 0700.
-    """
-    xdg = env.get("XDG_RUNTIME_DIR", "")
-    if xdg and os.path.isabs(xdg) and _check_private_dir(Path(xdg), what="XDG_RUNTIME_DIR") is None:
-        return _ensure_private_dir(Path(xdg) / "melchior", what="runtime directory")
-    return _ensure_private_dir(fallback_base(), what="fallback runtime directory")
-
-
-def project_key(project: str) -> str:
-    """A short fixed-width stand-in for a project name too long for ``sun_path``."""
-    import base64  # start-up: only long project names pay for these
-    import hashlib
-
-    digest = hashlib.sha256(project.encode()).digest()
-    return "h-" + base64.b32encode(digest).decode().lower()[:12]
-
-
-def _fits(directory: Path) -> bool:
-    # '.<id>.tmp' is the longest name we bind in the directory.
-    return len(os.fsencode(directory)) + 1 + MAX_ID_LEN + len("..tmp") <= SUN_PATH_MAX
+    """``$XDG_RUNTIME_DIR/melchior``, or ``/tmp/melchior-<uid>`` when that is unusable
+    (the rule is :func:`melchior.naming.runtime_base`)."""
+    return Path(naming.runtime_base(env))
 
 
 def registry_dir(project: str, env: Mapping[str, str] | None = None) -> Path:
-    """The validated directory holding one project's sockets, created if missing.
-
-    Paths are budgeted for ``sun_path`` up front: a project whose name would not fit
-    gets a hashed key, and a base too long even for that falls back to /tmp. A base
-    that still does not fit is a clear error, never a truncated path.
-    """
-    environ = os.environ if env is None else env
-    check_project(project)
-    base = runtime_base(environ)
-    if _fits(base / project):
-        return _ensure_private_dir(base / project, what="project registry")
-    key = project_key(project)
-    if _fits(base / key):
-        return _ensure_private_dir(base / key, what="project registry")
-    short = fallback_base()
-    if short != base and _fits(short / key):
-        _ensure_private_dir(short, what="fallback runtime directory")
-        for name in (project, key):
-            if _fits(short / name):
-                return _ensure_private_dir(short / name, what="project registry")
-    raise NamingError(
-        f"socket paths under {base} would be longer than the {SUN_PATH_MAX} bytes a unix "
-        "socket address holds; set XDG_RUNTIME_DIR to a shorter directory"
-    )
+    """The validated directory holding one project's sockets, created if missing (the
+    rule, with its ``sun_path`` budget, is :func:`melchior.naming.registry_dir`)."""
+    return Path(naming.registry_dir(project, env))
 
 
 # -- ids ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A second process for wire integration tests: a socket server and a pipe child.
 
 It binds the unix socket named on its command line, answers calls with
-``melchior.wire.server.answer``, reads pipe events from stdin and echoes them back as
+``melchior.wire.server.Answerer``, reads pipe events from stdin and echoes them back as
 ``pong`` events on stdout, and exits when stdin closes, as a session's serve does.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from melchior.wire import Refused, lines
 from melchior.wire.codec import JSONObject, WireError
-from melchior.wire.server import answer
+from melchior.wire.server import Answerer
 
 
 async def on_call(name: str, args: list[Any], msg: JSONObject) -> list[Any]:
@@ -30,16 +30,13 @@ async def main(path: str) -> None:
     async def on_event(msg: JSONObject) -> None:
         seen_events.append(msg)
 
-    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        async def calls(name: str, args: list[Any], msg: JSONObject) -> list[Any]:
-            if name == "events":
-                return list(seen_events)
-            return await on_call(name, args, msg)
+    async def calls(name: str, args: list[Any], msg: JSONObject) -> list[Any]:
+        if name == "events":
+            return list(seen_events)
+        return await on_call(name, args, msg)
 
-        await answer(r, w, calls, on_event, limit=1024)
-
-    server = await asyncio.start_unix_server(handle, path=path)
     loop = asyncio.get_running_loop()
+    server = await loop.create_unix_server(lambda: Answerer(calls, on_event, limit=1024), path=path)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     out = sys.stdout.buffer

@@ -73,6 +73,7 @@ def run(ns: argparse.Namespace) -> int:
     from melchior.integrations.bridge import Bridge
     from melchior.integrations.relay_caller import RelayCaller, find_credential
     from melchior.mellan.commands._common import CliError
+    from melchior.mellan.transport import TransportError
     from melchior.names import NamingError
     from melchior.session.config import ConfigError, read_talk
     from melchior.session.identity import IdentityError, for_serve
@@ -92,8 +93,12 @@ def run(ns: argparse.Namespace) -> int:
     except (NamingError, IdentityError, ConfigError, CliError) as exc:
         print(f"melchior mcp: {exc}", file=sys.stderr)
         return 2
+    try:
+        relay = RelayCaller(cred) if cred is not None else None
+    except TransportError as exc:  # e.g. a token over plain HTTP to another machine
+        print(f"melchior mcp: {exc}", file=sys.stderr)
+        return 2
     bridge = Bridge(me, reg, talk, settings, os.environ)
-    relay = RelayCaller(cred) if cred is not None else None
 
     async def main() -> int:
         await bridge.start()  # first: the agent's first hook may already be looking for us

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, NoReturn
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up, above)
 if TYPE_CHECKING:
     import argparse
+    from typing import NoReturn
 
 FLAGS = ("verb", "who", "message", "sort", "about", "page", "chain", "to")
 """The flags that take a value; ``--schema`` is the one switch."""
@@ -110,6 +111,19 @@ def run(ns: argparse.Namespace | SimpleNamespace) -> int:
     if not ns.verb:
         argv.emit(refused("say what to do with --verb=… (or --schema)", code="bad-args"))
         return 2
+    if ns.verb == "status":
+        # A session asking about itself, the most frequent request, without importing the
+        # vocabulary; None when the general path must decide (melchior.tool_quick).
+        from melchior.tool_quick import status
+
+        try:
+            quick = status(ns)
+        except Refused as exc:
+            argv.emit(refused(exc.reason, code=exc.code, **exc.detail))
+            return 1
+        if quick is not None:
+            argv.emit(ok(quick))
+            return 0
 
     from melchior.tool import Request, Usage, perform
 

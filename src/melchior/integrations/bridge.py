@@ -376,19 +376,19 @@ class BridgeServe(Serve):
         event = args[0][:64]
         return [{"output": self.bridge.on_hook(event, args[1])}]
 
-    async def verb_status(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
+    def verb_status(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         self.state.busy = self.bridge.turn.open
         self.state.waiting = self.bridge.inbox.waiting
-        result = await super().verb_status(args, msg, caller)
+        result = super().verb_status(args, msg, caller)
         result[0].update(self.bridge.status())
         return result
 
-    async def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
+    def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         """serve's ``task``, plus the fate of a message given to this bridge: a question's
         pending entry says whether the model has read it, and a tell's handle
         ``<this-id>@<message-id>`` answers ``queued`` or ``delivered`` to its sender."""
         try:
-            result = await super().verb_task(args, msg, caller)
+            result = super().verb_task(args, msg, caller)
         except Refused as exc:
             if exc.code != "unknown-task" or caller is None:
                 raise

@@ -37,6 +37,8 @@ from melchior.envelope import (
     refused_receipt,
 )
 from melchior.integrations.tools import ToolSpec
+from melchior.mellan import transport
+from melchior.mellan.transport import ClientTls
 from melchior.policy.decision import Decision, refuse
 from melchior.policy.hops import HOPS_URI, Chain, check_hop, next_hop
 
@@ -126,6 +128,7 @@ class Credential(NamedTuple):
     relay: str
     token: str
     workspace: str | None
+    tls: ClientTls | None = None
 
 
 def find_credential(as_agent: str | None, relay: str | None) -> Credential | None:
@@ -140,7 +143,7 @@ def find_credential(as_agent: str | None, relay: str | None) -> Credential | Non
         if as_agent:
             raise
         return None
-    return Credential(found.relay, found.token, found.workspace)
+    return Credential(found.relay, found.token, found.workspace, found.tls)
 
 
 class RelayCaller:
@@ -149,14 +152,13 @@ class RelayCaller:
     def __init__(self, cred: Credential, *, timeout: float = 30.0) -> None:
         self.cred = cred
         self.relay = cred.relay.rstrip("/")
-        self.http = httpx.AsyncClient(
-            headers={
-                "Authorization": f"Bearer {cred.token}",
-                "A2A-Version": "1.0",
-                "Accept": "application/json",
-            },
+        # verifying TLS, and no token over plain HTTP to another machine (TransportError)
+        self.http = transport.async_client(
+            self.relay,
+            cred.token,
+            cred.tls,
+            headers={"A2A-Version": "1.0", "Accept": "application/json"},
             timeout=httpx.Timeout(timeout, read=None),
-            follow_redirects=False,
         )
         self._me: dict[str, Any] | None = None
 

@@ -8,17 +8,20 @@ missing recipient is an error the caller sees, never a silent success.
 
 from __future__ import annotations
 
+import _socket
 import os
-import socket
 import struct
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from melchior.wire import frames
-from melchior.wire.codec import JSONObject, WireError
+from melchior.wire.codec import TYPE_CHECKING, JSONObject, WireError
 from melchior.wire.envelope import call as make_call
 from melchior.wire.envelope import unwrap
+
+if TYPE_CHECKING:  # socket (enums, selectors), pathlib and typing cost the tool's start-up
+    import socket
+    from collections.abc import Callable
+    from pathlib import Path
+    from typing import Any
 
 CALL_TIMEOUT = 30.0
 """Seconds a call may wait for its reply before the caller is told so."""
@@ -33,9 +36,9 @@ class Unreachable(Exception):
         self.code = code
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: _socket.socket) -> int:
     """The uid of the process at the other end, as the kernel saw it at connect()."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
 
@@ -48,6 +51,8 @@ def connect(
     pause: Callable[[], None] | None = None,
 ) -> socket.socket:
     """Connect to the session socket at ``path``; stale entries are found and removed here."""
+    import socket
+
     from melchior.session.registry import probe
 
     for attempt in range(2):
@@ -79,7 +84,7 @@ def connect(
     raise Unreachable(f"session {who} could not be reached", "unreachable")
 
 
-def request(sock: socket.socket, msg: JSONObject, *, who: str) -> JSONObject:
+def request(sock: _socket.socket, msg: JSONObject, *, who: str) -> JSONObject:
     """Send one call and read its reply (raw), turning timeouts into clear errors."""
     try:
         frames.send(sock, msg)
@@ -96,7 +101,7 @@ def request(sock: socket.socket, msg: JSONObject, *, who: str) -> JSONObject:
 
 
 def call(
-    sock: socket.socket,
+    sock: _socket.socket,
     verb: str,
     args: list[Any],
     *,

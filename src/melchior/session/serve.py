@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,10 @@ from melchior.session.client import peer_uid
 from melchior.session.identity import Identity, same_secret
 from melchior.session.registry import Registry
 from melchior.session.verbs import BY_NAME, VERBS
-from melchior.wire import frames, lines
+from melchior.wire import lines
+from melchior.wire import server as wire_server
 from melchior.wire.codec import JSONObject, WireError
 from melchior.wire.envelope import Refused, event, refused
-from melchior.wire.server import answer
 
 CHECK_INTERVAL = 2.0
 """Seconds between checks that our socket is still published (and re-publishing)."""
@@ -176,6 +177,8 @@ class Serve:
         self.done = asyncio.Event()
         self.ended_by: str | None = None
         self._last_problem: str | None = None
+        self._now: dict[str, Callable[..., Any] | None] = {}
+        """verb → its handler when that never waits (answered at once), else None."""
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -185,7 +188,7 @@ class Serve:
             # or for a moment it would look like a front door.
             self.reg.write_notes(self.me.id, self.me.parent, self.me.role)
         sock, inode = publish_socket(self.reg, self.me.id)
-        server = await asyncio.start_unix_server(self.connection, sock=sock)
+        server = await asyncio.get_running_loop().create_unix_server(self.protocol, sock=sock)
         old, self.published = self.published, Published(self.reg.path(self.me.id), inode, server)
         if old is not None:
             old.server.close()
@@ -246,20 +249,15 @@ class Serve:
 
     # -- the socket -------------------------------------------------------------------------
 
-    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
+    def protocol(self) -> wire_server.Answerer:
+        """One connection: the socket rules (melchior.wire.server), our peer check, our verbs."""
+        return wire_server.Answerer(self.on_call, now=self.answer_now, peer=self.check_peer)
+
+    def check_peer(self, sock: Any) -> JSONObject | None:
+        """Another user's process gets one refusal and is disconnected (SO_PEERCRED)."""
         if sock is None or peer_uid(sock) != os.getuid():
-            with contextlib.suppress(Exception):
-                await frames.write(writer, other_uid_refusal())
-            writer.close()
-            return
-        try:
-            await answer(reader, writer, self.on_call)
-        except asyncio.CancelledError:
-            # Serve is shutting down with this connection open. Ending the handler quietly
-            # is the whole of the work left; Python 3.11's stream callback would otherwise
-            # print the cancellation as an error on the harness's stderr.
-            return
+            return other_uid_refusal()
+        return None
 
     def _caller(self, msg: JSONObject) -> Session | None:
         sender = msg.get("from")
@@ -282,7 +280,9 @@ class Serve:
             return str(names.Address(self.me.project, names.OPERATOR_ROLE, names.ANONYMOUS))
         return str(names.Address(caller.project, caller.role, caller.id))
 
-    async def on_call(self, verb: str, args: list[Any], msg: JSONObject) -> list[Any]:
+    def _admit(self, verb: str, msg: JSONObject) -> Session | None:
+        """The caller of ``verb``, once the verb exists, the caller may be anonymous or is
+        listed, and the walls let it reach us; a refusal naming the rule otherwise."""
         spec = BY_NAME.get(verb)
         if spec is None:
             raise deny(
@@ -296,20 +296,51 @@ class Serve:
         if caller is not None:
             me = self.me.session()
             check(between(caller, me, self.reg.ancestry_tree(caller, me), self.talk))
-        handler = getattr(self, f"verb_{verb}")
+        return caller
+
+    def _internal(self, verb: str, exc: Exception) -> Refused:
+        # A bug must still be a reply: a dropped connection would look like "dead".
+        print(f"melchior serve: {verb} failed: {exc!r}", file=sys.stderr)
+        return deny("internal", f"{self.me.id} failed while answering {verb!r}: {exc}")
+
+    def answer_now(self, verb: str, args: list[Any], msg: JSONObject) -> list[Any] | None:
+        """Answer a verb whose handler never waits (``status``, ``verbs``, ``task``) inside
+        the socket's read callback; None for every other verb, decided before any check,
+        and :meth:`on_call` answers it in a task. Same checks, same refusals."""
         try:
-            result: list[Any] = await handler(args, msg, caller)
+            handler = self._now[verb]
+        except KeyError:
+            found = getattr(self, f"verb_{verb}", None) if verb in BY_NAME else None
+            handler = None if found is None or asyncio.iscoroutinefunction(found) else found
+            if verb in BY_NAME:  # the table is fixed: a cache keyed by it stays small
+                self._now[verb] = handler
+        if handler is None:
+            return None
+        caller = self._admit(verb, msg)
+        try:
+            result: list[Any] = handler(args, msg, caller)
         except (Refused, WireError):
             raise
         except Exception as exc:
-            # A bug must still be a reply: a dropped connection would look like "dead".
-            print(f"melchior serve: {verb} failed: {exc!r}", file=sys.stderr)
-            raise deny("internal", f"{self.me.id} failed while answering {verb!r}: {exc}") from None
+            raise self._internal(verb, exc) from None
+        return result
+
+    async def on_call(self, verb: str, args: list[Any], msg: JSONObject) -> list[Any]:
+        caller = self._admit(verb, msg)
+        handler = getattr(self, f"verb_{verb}")
+        try:
+            result: list[Any] = handler(args, msg, caller)
+            if asyncio.iscoroutine(result):
+                result = await result
+        except (Refused, WireError):
+            raise
+        except Exception as exc:
+            raise self._internal(verb, exc) from None
         return result
 
     # -- verbs ------------------------------------------------------------------------------
 
-    async def verb_status(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
+    def verb_status(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 0, 0, "status takes no arguments")
         return [
             {
@@ -323,7 +354,7 @@ class Serve:
             }
         ]
 
-    async def verb_verbs(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
+    def verb_verbs(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 0, 0, "verbs takes no arguments")
         return [v.as_dict() for v in VERBS]
 
@@ -408,7 +439,7 @@ class Serve:
         await self._deliver(self._message(caller, "answer", text, chain=chain, about=about))
         return [receipt(DELIVERED).as_dict()]
 
-    async def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
+    def verb_task(self, args: list[Any], msg: JSONObject, caller: Session | None) -> Any:
         _arity(args, 1, 1, "task takes [about]")
         assert caller is not None
         about = args[0]

@@ -9,9 +9,11 @@ would misread a command's failure as its answer.
 from __future__ import annotations
 
 import sys
-from typing import IO
 
-from melchior.wire.codec import JSONObject, WireError, decode, encode
+from melchior.wire.codec import TYPE_CHECKING, JSONObject, WireError, decode, encode
+
+if TYPE_CHECKING:
+    from typing import IO
 
 
 def emit(msg: JSONObject, stream: IO[bytes] | None = None) -> None:

@@ -9,10 +9,13 @@ lenient reader on one side of a wire is how two sides drift apart silently.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (tool start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
-JSONObject = dict[str, Any]
+    JSONObject = dict[str, Any]
+else:
+    JSONObject = dict
 
 
 class WireError(Exception):
@@ -52,12 +55,69 @@ def _unique(pairs: list[tuple[str, Any]]) -> JSONObject:
     return out
 
 
+class _Strict:
+    """What :class:`json.JSONDecoder` hands its C scanner, with our two refusals."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = staticmethod(_unique)
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_reject_constant)
+
+
+def _default(o: Any) -> Any:
+    import json  # only to word the refusal exactly as json.dumps does
+
+    return json.JSONEncoder().default(o)
+
+
+try:
+    # The json package's own C accelerator, driven as JSONEncoder.encode and
+    # JSONDecoder.decode drive it, without importing the package: json imports re and
+    # compiles five patterns, ~5 ms of every 'melchior tool' exec (with re's enum).
+    # Anything but a clean value goes through the json package for its exact answer.
+    from _json import encode_basestring, make_encoder, make_scanner
+
+    _SCAN: Any = make_scanner(_Strict())  # type: ignore[arg-type]
+
+    def _encode_text(obj: JSONObject) -> str:
+        chunks = make_encoder({}, _default, encode_basestring, None, ":", ",", False, False, False)
+        return "".join(chunks(obj, 0))
+
+except ImportError:  # pragma: no cover - an interpreter without the accelerator
+    _SCAN = None
+
+    def _encode_text(obj: JSONObject) -> str:
+        return str(_json_package().JSONEncoder(**_ENCODE_OPTIONS).encode(obj))
+
+
+_ENCODE_OPTIONS: dict[str, Any] = {
+    "ensure_ascii": False,
+    "separators": (",", ":"),
+    "allow_nan": False,
+}
+
+
+def _json_package() -> Any:
+    import json
+
+    return json
+
+
+def _decode_text(text: str) -> Any:
+    """``json.loads`` with our options: the error paths, and the whole when no accelerator."""
+    json = _json_package()
+    decoder = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique)
+    return decoder.decode(text)
+
+
 def encode(obj: JSONObject) -> bytes:
     """Encode one top-level object as compact UTF-8 JSON."""
     if not isinstance(obj, dict):
         raise WireError(f"only JSON objects go on the wire, not {type(obj).__name__}")
     try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = _encode_text(obj)
     except (TypeError, ValueError) as exc:
         raise WireError(f"message cannot be encoded as JSON: {exc}") from None
     try:
@@ -80,7 +140,15 @@ def decode(data: bytes) -> JSONObject:
     if text.startswith("\ufeff"):
         raise WireError("message starts with a byte-order mark; send plain UTF-8", code="bad-json")
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique)
+        # The scan JSONDecoder.decode runs; anything but one value spanning the whole text
+        # (surrounding whitespace, extra data, nothing, any error — the accelerator words
+        # errors only when the json package is loaded) is decoded again by the package.
+        try:
+            value, end = _SCAN(text, 0)
+        except Exception:
+            end = -1
+        if end != len(text):
+            value = _decode_text(text)
     except _DuplicateKey as exc:
         raise WireError(f"message repeats a key: {exc}", code="bad-json") from None
     except (ValueError, RecursionError) as exc:

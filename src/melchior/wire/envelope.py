@@ -9,10 +9,11 @@ since). A refused call is itself a reply, never a dropped connection.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from melchior.wire.codec import TYPE_CHECKING, JSONObject, WireError
 
-from melchior.wire.codec import JSONObject, WireError
+if TYPE_CHECKING:  # typing costs the tool's start-up; annotations only
+    from collections.abc import Sequence
+    from typing import Any, Literal
 
 FAMILY = 1
 """The wire revision this code writes and the newest it can read."""
@@ -20,7 +21,8 @@ FAMILY = 1
 TAG = "event"
 """The one tag key for events, in both directions, on every wire."""
 
-Shape = Literal["call", "reply", "event"]
+if TYPE_CHECKING:
+    Shape = Literal["call", "reply", "event"]
 
 
 def call(name: str, args: Sequence[Any] = (), *, id: str | None = None, **extra: Any) -> JSONObject:

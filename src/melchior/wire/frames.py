@@ -9,18 +9,17 @@ framing is intact, so the connection stays usable.
 
 from __future__ import annotations
 
-import socket
 import struct
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-from melchior.wire.codec import JSONObject, WireError, decode, encode
+from melchior.wire.codec import TYPE_CHECKING, JSONObject, WireError, decode, encode
 from melchior.wire.limits import frame_limit
 
 HEADER = struct.Struct(">I")
 
-if TYPE_CHECKING:  # asyncio costs start-up time; the argv tool never needs it
+if TYPE_CHECKING:  # asyncio, socket and typing cost start-up time; annotations only
+    import _socket
     import asyncio
+    from collections.abc import Iterator
 
 
 def pack(msg: JSONObject, *, limit: int | None = None) -> bytes:
@@ -58,7 +57,7 @@ class FrameDecoder:
         self._want: int | None = None
         self.closed = False
 
-    def feed(self, data: bytes) -> Iterator[JSONObject | WireError]:
+    def feed(self, data: bytes | bytearray) -> Iterator[JSONObject | WireError]:
         if self.closed:
             return
         self._buf += data
@@ -105,8 +104,19 @@ class FrameDecoder:
 # -- blocking sockets (the argv tool: no event loop, fast start) ---------------------------
 
 
-def _recv_exact(sock: socket.socket, n: int, *, started: bool) -> bytes | None:
-    chunks = bytearray()
+def _recv_exact(sock: _socket.socket, n: int, *, started: bool) -> bytes | None:
+    first = sock.recv(n)
+    if len(first) == n:  # the usual case: a small frame arrives whole
+        return first
+    chunks = bytearray(first)
+    if not first:
+        if not started:
+            return None
+        raise WireError(
+            f"connection closed inside a frame (0 of {n} bytes received)",
+            fatal=True,
+            code="truncated",
+        )
     while len(chunks) < n:
         part = sock.recv(n - len(chunks))
         if not part:
@@ -121,7 +131,7 @@ def _recv_exact(sock: socket.socket, n: int, *, started: bool) -> bytes | None:
     return bytes(chunks)
 
 
-def recv(sock: socket.socket, *, limit: int | None = None) -> JSONObject | None:
+def recv(sock: _socket.socket, *, limit: int | None = None) -> JSONObject | None:
     """Read one message from a blocking socket; ``None`` on a clean EOF between frames."""
     cap = frame_limit(limit)
     header = _recv_exact(sock, HEADER.size, started=False)
@@ -134,11 +144,11 @@ def recv(sock: socket.socket, *, limit: int | None = None) -> JSONObject | None:
     return decode(body)
 
 
-def send(sock: socket.socket, msg: JSONObject, *, limit: int | None = None) -> None:
+def send(sock: _socket.socket, msg: JSONObject, *, limit: int | None = None) -> None:
     sock.sendall(pack(msg, limit=limit))
 
 
-# -- asyncio streams (serve) ------------------------------------------------------------------
+# -- asyncio streams (a client on an event loop) ----------------------------------------------
 
 
 async def read(reader: asyncio.StreamReader, *, limit: int | None = None) -> JSONObject | None:

@@ -21,14 +21,17 @@ Minimal loop::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from melchior.mellan import transport
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.rawjson import decode, encode
+from melchior.mellan.transport import ClientTls
 
 
 class ReceiverError(Exception):
@@ -131,8 +134,8 @@ def claimed(item: dict[str, Any]) -> ClaimedTask:
 
 
 def answer(response: httpx.Response) -> Any:
-    """The decoded answer of a receiver-API request: a claim's leases or a fenced write's
-    outcome (200, 404, 409); anything else is a :class:`ReceiverError` with the reason."""
+    """The decoded answer of a receiver-API request: leases, a fenced write's outcome or a
+    batch's results (200, 404, 409); anything else is a :class:`ReceiverError`."""
     try:
         data = decode(response.content) if response.content else {}
     except ValueError:
@@ -140,7 +143,7 @@ def answer(response: httpx.Response) -> Any:
     if (
         response.status_code in (200, 404, 409)
         and isinstance(data, dict)
-        and ("outcome" in data or "leases" in data)
+        and ("outcome" in data or "leases" in data or "results" in data)
     ):
         return data
     error = data.get("error", {}) if isinstance(data, dict) else {}
@@ -159,16 +162,36 @@ def write_result(data: dict[str, Any]) -> WriteResult:
 
 
 class ReceiverClient:
-    """Synchronous receiver-API client over one pooled HTTP connection."""
+    """Synchronous receiver-API client over one pooled HTTP connection.
 
-    def __init__(self, relay_url: str, token: str, *, timeout: float = 30.0) -> None:
+    Built by :mod:`melchior.mellan.transport`: the relay's certificate is verified (against
+    ``ca_file``, else ``$MELLAN_CA_FILE``, else the public roots), a client certificate is
+    presented when ``$MELLAN_CLIENT_CERT``/``$MELLAN_CLIENT_KEY`` (or ``tls``) name one,
+    and a plain-HTTP URL to another machine is refused (:class:`ReceiverError`) before the
+    token is sent anywhere."""
+
+    def __init__(
+        self,
+        relay_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        ca_file: str | Path | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.relay_url = relay_url.rstrip("/")
         self._timeout = timeout
-        self._http = httpx.Client(
-            base_url=self.relay_url,
-            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
-            timeout=timeout,
-        )
+        try:
+            self._http = transport.client(
+                self.relay_url,
+                token,
+                tls or transport.client_tls(ca_file),
+                base_url=self.relay_url,
+                headers={"content-type": "application/json"},
+                timeout=timeout,
+            )
+        except transport.TransportError as exc:
+            raise ReceiverError(0, "insecure-transport", str(exc)) from None
 
     def __enter__(self) -> ReceiverClient:
         return self
@@ -190,11 +213,31 @@ class ReceiverClient:
                 path, content=encode(body).encode("utf-8"), timeout=timeout or self._timeout
             )
         except httpx.HTTPError as exc:
-            raise ReceiverError(0, "unreachable", f"cannot reach {self.relay_url}: {exc}") from exc
-        return answer(response)
+            why = transport.untrusted(exc) or f"cannot reach {self.relay_url}: {exc}"
+            raise ReceiverError(0, "unreachable", why) from exc
+        try:
+            data = decode(response.content) if response.content else {}
+        except ValueError:
+            data = {}
+        if (
+            response.status_code in (200, 404, 409)
+            and isinstance(data, dict)
+            and ("outcome" in data or "leases" in data or "results" in data)
+        ):
+            return data
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        raise ReceiverError(
+            response.status_code,
+            str(error.get("code", "http-error")),
+            str(error.get("reason", response.text[:200] or response.reason_phrase)),
+        )
 
     def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
-        return write_result(self._post(f"/api/receiver/tasks/{task_id}/{verb}", body))
+        data = self._post(f"/api/receiver/tasks/{task_id}/{verb}", body)
+        error = data.get("error") or {}
+        return WriteResult(
+            Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
+        )
 
     def claim(
         self,
@@ -264,10 +307,38 @@ class ReceiverClient:
         """Say the work of a cancelled task has stopped, freeing its session slot at once."""
         return self._write(task_id, "cancel-ack", {"epoch": epoch})
 
+    # -- batches: one request and one transaction for many running tasks -----------------------
+    def _results(self, path: str, body: dict[str, Any]) -> list[WriteResult]:
+        data = self._post(path, body)
+        return [
+            WriteResult(Outcome(r["outcome"]), str(r.get("reason", "")),
+                        str(r.get("sentence", "")))
+            for r in data["results"]
+        ]  # fmt: skip
+
+    def renew_many(
+        self, leases: list[tuple[str, int]], *, lease_seconds: float = 30.0
+    ) -> list[WriteResult]:
+        """Renew several leases ``(task_id, epoch)`` at once (at most 100); results in order."""
+        items = [{"task_id": t, "epoch": e} for t, e in leases]
+        return self._results(
+            "/api/receiver/renew", {"leases": items, "lease_seconds": lease_seconds}
+        )
+
+    def complete_many(
+        self, completions: list[tuple[str, int, dict[str, Any]]]
+    ) -> list[WriteResult]:
+        """Record several successes ``(task_id, epoch, result)`` at once (at most 100), as
+        safe to retry as ``complete``; results in order."""
+        items = [{"task_id": t, "epoch": e, "result": r} for t, e, r in completions]
+        return self._results("/api/receiver/complete", {"completions": items})
+
 
 class AsyncReceiverClient:
     """The same API for asyncio code (the receiver process): one pooled connection, the
-    same answers and errors as :class:`ReceiverClient`. Task ids are quoted into paths, so
+    same answers and errors as :class:`ReceiverClient`, built by the same rules
+    (:mod:`melchior.mellan.transport`: verified TLS, a client certificate when ``tls`` names
+    one, no token over plain HTTP to another machine). Task ids are quoted into paths, so
     an id the relay sent can never address another endpoint."""
 
     def __init__(
@@ -276,18 +347,21 @@ class AsyncReceiverClient:
         token: str,
         *,
         timeout: float = 30.0,
-        verify: Any = True,
-        cert: Any = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.relay_url = relay_url.rstrip("/")
         self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.relay_url,
-            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
-            timeout=timeout,
-            verify=verify,
-            cert=cert,
-        )
+        try:
+            self._http = transport.async_client(
+                self.relay_url,
+                token,
+                tls or transport.client_tls(),
+                base_url=self.relay_url,
+                headers={"content-type": "application/json"},
+                timeout=timeout,
+            )
+        except transport.TransportError as exc:
+            raise ReceiverError(0, "insecure-transport", str(exc)) from None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -298,9 +372,10 @@ class AsyncReceiverClient:
                 path, content=encode(body).encode("utf-8"), timeout=read_for or self._timeout
             )
         except httpx.HTTPError as exc:
-            raise ReceiverError(
-                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
-            ) from exc
+            why = transport.untrusted(exc) or (
+                f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            )
+            raise ReceiverError(0, "unreachable", why) from exc
         return answer(response)
 
     async def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
@@ -313,9 +388,10 @@ class AsyncReceiverClient:
         try:
             response = await self._http.get("/api/whoami")
         except httpx.HTTPError as exc:
-            raise ReceiverError(
-                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
-            ) from exc
+            why = transport.untrusted(exc) or (
+                f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            )
+            raise ReceiverError(0, "unreachable", why) from exc
         try:
             data = decode(response.content) if response.content else {}
         except ValueError:

@@ -3,7 +3,9 @@ HTTP call with refusals turned into plain sentences, and JSON or table output.
 
 The relay URL comes from ``--relay``, else ``$MELLAN_RELAY``, else the stored login; the
 token from ``$MELLAN_TOKEN``, else the stored login. Tokens are never taken as command
-line arguments (they would show in ``ps`` and shell history).
+line arguments (they would show in ``ps`` and shell history). Every request goes through
+:mod:`melchior.mellan.transport`: certificates verified (``--ca-file``, ``$MELLAN_CA_FILE``
+or the stored ``ca_file``), and no credential over plain HTTP to a non-loopback host.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from melchior import __version__
 from melchior.mellan.rawjson import decode, encode
+
+if TYPE_CHECKING:
+    from melchior.mellan.transport import ClientTls
 
 DEFAULT_RELAY = "http://127.0.0.1:8787"
 EXIT_REFUSED = 1
@@ -66,6 +71,19 @@ def read_login() -> dict[str, Any]:
 class Target:
     relay: str
     token: str | None
+    tls: ClientTls | None = None
+    """CA file and client certificate (None: from the environment only)."""
+
+
+def client_tls(ns: argparse.Namespace, stored: dict[str, Any] | None = None) -> ClientTls:
+    """``--ca-file``, else ``$MELLAN_CA_FILE``, else the stored credential's ``ca_file``."""
+    from melchior.mellan.transport import TransportError
+    from melchior.mellan.transport import client_tls as pick
+
+    try:
+        return pick(getattr(ns, "ca_file", None), stored)
+    except TransportError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 def agent_file(agent: str) -> Path:
@@ -99,6 +117,7 @@ class AgentCredential:
     relay: str
     token: str
     workspace: str | None
+    tls: ClientTls | None = None
 
 
 def stored_agents() -> list[Path]:
@@ -116,8 +135,9 @@ def agent_credential(ns: argparse.Namespace) -> AgentCredential:
         joined = read_agent(as_agent)
     elif os.environ.get("MELLAN_TOKEN"):
         token = os.environ["MELLAN_TOKEN"]
-        url = relay or read_login().get("relay") or DEFAULT_RELAY
-        return AgentCredential(str(url).rstrip("/"), token, None)
+        login = read_login()
+        url = relay or login.get("relay") or DEFAULT_RELAY
+        return AgentCredential(str(url).rstrip("/"), token, None, client_tls(ns, login))
     else:
         found = stored_agents()
         if len(found) != 1:
@@ -129,7 +149,10 @@ def agent_credential(ns: argparse.Namespace) -> AgentCredential:
     url = relay or joined.get("relay") or DEFAULT_RELAY
     workspace = joined.get("workspace")
     return AgentCredential(
-        str(url).rstrip("/"), str(joined["token"]), str(workspace) if workspace else None
+        str(url).rstrip("/"),
+        str(joined["token"]),
+        str(workspace) if workspace else None,
+        client_tls(ns, joined),
     )
 
 
@@ -141,7 +164,7 @@ def target(ns: argparse.Namespace, *, need_token: bool = True) -> Target:
     if as_agent:
         joined = read_agent(as_agent)
         relay_url = getattr(ns, "relay", None) or joined["relay"]
-        return Target(str(relay_url).rstrip("/"), str(joined["token"]))
+        return Target(str(relay_url).rstrip("/"), str(joined["token"]), client_tls(ns, joined))
     stored = read_login()
     relay = (
         getattr(ns, "relay", None)
@@ -156,7 +179,7 @@ def target(ns: argparse.Namespace, *, need_token: bool = True) -> Target:
             "PATH' with the owner token file the relay printed at first start",
             EXIT_USAGE,
         )
-    return Target(str(relay).rstrip("/"), token)
+    return Target(str(relay).rstrip("/"), token, client_tls(ns, stored))
 
 
 def call(
@@ -166,24 +189,34 @@ def call(
     body: Any = None,
     params: dict[str, Any] | None = None,
     timeout: float = 30.0,
+    *,
+    secret: bool = False,
 ) -> Any:
-    """One request to the relay; the decoded JSON answer, or CliError with the relay's reason."""
+    """One request to the relay; the decoded JSON answer, or CliError with the relay's reason.
+    ``secret``: the body carries a credential (an enrollment code) though no token does."""
     import httpx  # here, so --help and argument errors never pay for importing it
 
+    from melchior.mellan import transport
+
     headers = {"accept": "application/json"}
-    if t.token:
-        headers["authorization"] = f"Bearer {t.token}"
     content = None
     if body is not None:
         headers["content-type"] = "application/json"
         content = encode(body).encode("utf-8")
     clean = {k: v for k, v in (params or {}).items() if v is not None}
     try:
-        response = httpx.request(
-            method, t.relay + path, headers=headers, content=content, params=clean,
-            timeout=timeout,
-        )  # fmt: skip
+        http = transport.client(t.relay, t.token, t.tls, secret=secret, timeout=timeout)
+    except transport.TransportError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    try:
+        with http:
+            response = http.request(
+                method, t.relay + path, headers=headers, content=content, params=clean
+            )
     except httpx.HTTPError as exc:
+        untrusted = transport.untrusted(exc)
+        if untrusted:
+            raise CliError(f"{t.relay}: {untrusted}", EXIT_UNREACHABLE) from exc
         raise CliError(
             f"cannot reach the relay at {t.relay}: {exc or type(exc).__name__} (is 'mellan relay' "
             "running there? set --relay or MELLAN_RELAY)",
@@ -209,6 +242,7 @@ def call(
 def add_common(parser: argparse.ArgumentParser, *, relay: bool = True) -> None:
     parser.add_argument("--version", action="version", version=f"mellan {__version__}")
     parser.add_argument("--json", action="store_true", help="print the relay's JSON answer")
+    add_ca_file(parser)
     if relay:
         parser.add_argument(
             "--relay", metavar="URL", help="relay URL (default: $MELLAN_RELAY or stored login)"
@@ -219,6 +253,15 @@ def add_common(parser: argparse.ArgumentParser, *, relay: bool = True) -> None:
             metavar="AGENT",
             help="act with the agent credential 'mellan join' stored for AGENT",
         )
+
+
+def add_ca_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="CA certificate(s) (PEM) to verify the relay's HTTPS certificate with "
+        "(default: $MELLAN_CA_FILE, the stored login's, else the public roots)",
+    )
 
 
 def print_json(data: Any) -> None:

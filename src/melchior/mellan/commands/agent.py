@@ -1,4 +1,5 @@
-"""Manage the workspace's agents: add one with its declared capabilities, list, show one.
+"""Manage the workspace's agents: add one with its declared capabilities, list, show one,
+see and change its send limits.
 
 A capability is given as ID or ID=DESCRIPTION, e.g. --capability 'incident.inspect=Read
 the incident log'. Agent ids are stable and workspace-scoped ('local/codex').
@@ -7,6 +8,8 @@ The RECEIVER column says whether the agent's receiver is online (it claimed work
 recently: within twice its long-poll wait and a margin) and when it was last seen.
 'agent wake' sets where the relay POSTs a signed wake-up when work is queued for the
 agent (docs/mellan.md, "Wake-ups").
+
+``mellan agent limits '*' …`` changes the workspace defaults every agent starts from.
 """
 
 from __future__ import annotations
@@ -144,6 +147,61 @@ def _wake(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _rate(text: str) -> float:
+    """``5``, ``5/s`` or ``0.5/s``: sends per second."""
+    number = text.strip().removesuffix("/s")
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate like 5/s") from None
+    if not 0 < value <= 100_000 or value != value:
+        raise argparse.ArgumentTypeError("the rate must be above 0 and at most 100000/s")
+    return value
+
+
+def _limits_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="AGENT", help="agent id, or '*' for the workspace defaults")
+    p.add_argument("--send-rate", type=_rate, metavar="N/s", help="sends per second it may make")
+    p.add_argument("--burst", type=int, metavar="N", help="sends in a row before the rate applies")
+    p.add_argument(
+        "--max-unfinished-per-receiver",
+        type=int,
+        metavar="N",
+        help="its queued, running or input-waiting tasks at any one receiver",
+    )
+    p.add_argument("--max-queued", type=int, metavar="N", help="tasks waiting for it, all callers")
+    p.add_argument(
+        "--reset", action="store_true", help="forget its stored limits first (defaults apply)"
+    )
+
+
+_LIMITS = ("send_rate", "burst", "max_unfinished_per_receiver", "max_queued")
+
+
+def _limits(ns: argparse.Namespace) -> int:
+    values = {k: getattr(ns, k) for k in _LIMITS if getattr(ns, k) is not None}
+    path = f"/api/limits/{ns.id}"
+    if values or ns.reset:
+        data = call(target(ns), "PUT", path, {**values, "reset": ns.reset})
+    else:
+        data = call(target(ns), "GET", path)
+    if ns.json:
+        print_json(data)
+        return 0
+    who = "workspace defaults" if data["agent"] == "*" else data["agent"]
+    rows = []
+    for k in _LIMITS:
+        stored, ws = data["stored"][k], data["workspace_defaults"][k]
+        source = "agent" if stored is not None else "workspace" if ws is not None else "relay"
+        if data["agent"] == "*":
+            source = "workspace" if stored is not None else "relay"
+        unit = "/s" if k == "send_rate" else ""
+        rows.append([k, f"{float(data['effective'][k]):g}{unit}", source])
+    print(f"send limits of {who}")
+    print(table(["limit", "in force", "set by"], rows))
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     subcommands(
         parser,
@@ -156,6 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 _wake_args,
                 _wake,
             ),
+            "limits": ("show or change an agent's send limits (owner)", _limits_args, _limits),
         },
     )
 

@@ -16,6 +16,7 @@ from melchior.mellan.commands._common import (
     add_common,
     agent_file,
     call,
+    client_tls,
     guarded,
     print_json,
     write_private_json,
@@ -34,7 +35,8 @@ def run(ns: argparse.Namespace) -> int:
     if not code:
         raise CliError("no enrollment code given", EXIT_USAGE)
     relay = ns.relay.rstrip("/")
-    data = call(Target(relay, None), "POST", "/api/join", {"code": code})
+    tls = client_tls(ns)
+    data = call(Target(relay, None, tls), "POST", "/api/join", {"code": code}, secret=True)
     agent = str(data["agent"])
     path = agent_file(agent)
     write_private_json(
@@ -45,6 +47,7 @@ def run(ns: argparse.Namespace) -> int:
             "agent": agent,
             "credential_id": data["credential_id"],
             "token": data["token"],
+            **tls.stored(),
         },
     )
     if ns.json:

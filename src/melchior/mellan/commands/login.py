@@ -18,6 +18,7 @@ from melchior.mellan.commands._common import (
     Target,
     add_common,
     call,
+    client_tls,
     guarded,
     login_file,
     print_json,
@@ -52,7 +53,8 @@ def run(ns: argparse.Namespace) -> int:
     if not token:
         raise CliError("no token given (use --token-file PATH or $MELLAN_TOKEN)", EXIT_USAGE)
     relay = ns.relay.rstrip("/")
-    me = call(Target(relay, token), "GET", "/api/whoami")
+    tls = client_tls(ns)
+    me = call(Target(relay, token, tls), "GET", "/api/whoami")
     path = login_file()
     write_private_json(
         path,
@@ -62,6 +64,7 @@ def run(ns: argparse.Namespace) -> int:
             "workspace": me["workspace"],
             "kind": me["kind"],
             "subject": me["subject"],
+            **tls.stored(),
         },
     )
     if ns.json:

@@ -3,81 +3,116 @@
 The first start on an empty database creates workspace 'default' and writes an owner
 credential to a private file (its path is printed, the token never is). Several replicas
 may share one PostgreSQL database; SQLite is for one machine.
+
+Settings come from a TOML file (--config FILE or $MELLAN_CONFIG), then MELLAN_*
+environment variables, then flags, each overriding the one before; every flag below names
+its key and variable. --print-config shows the result and where each value came from.
+A non-loopback address needs --tls-cert/--tls-key (or --insecure-http). SIGHUP reloads
+the certificate and key. See docs/operations.md.
+
+  mellan relay backup PATH       a consistent online copy of the SQLite database
+  mellan relay migrate --to URL  copy everything into an empty PostgreSQL database
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from melchior import __version__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from melchior.mellan.relay.serve import DEFAULT_HOST, DEFAULT_PORT
+    from melchior.mellan.relay import settings
 
     parser.add_argument("--version", action="version", version=f"mellan {__version__}")
+    settings.add_arguments(parser)
     parser.add_argument(
-        "--database",
-        metavar="URL",
-        help="sqlite:///PATH or postgresql://… (default: SQLite at $XDG_DATA_HOME/mellan/relay.db)",
-    )
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"bind address ({DEFAULT_HOST})")
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"bind port ({DEFAULT_PORT}; 0 = any free)"
-    )
-    parser.add_argument(
-        "--public-url", metavar="URL", help="the URL agents use to reach this relay"
-    )
-    parser.add_argument(
-        "--owner-token-file",
-        metavar="PATH",
-        type=Path,
-        help="where a minted owner token is written (default $XDG_DATA_HOME/mellan/owner.token)",
-    )
-    parser.add_argument(
-        "--mint-owner-token",
+        "--print-config",
         action="store_true",
-        help="mint another owner credential at start (e.g. the first token file was lost)",
+        help="print the effective configuration (secrets masked, each value's source) and exit",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="status lines as JSON objects, one per line"
+    subs = parser.add_subparsers(dest="action", metavar="ACTION")
+    backup = subs.add_parser(
+        "backup",
+        help="copy the SQLite database consistently while the relay runs",
+        description="A consistent online copy of the relay's SQLite database (SQLite's backup "
+        "API: the relay keeps serving). PostgreSQL: use pg_dump (docs/operations.md).",
     )
-    parser.add_argument(
-        "--max-body",
-        type=int,
-        default=16 * 1024 * 1024,
-        metavar="BYTES",
-        help="largest request body accepted (default 16 MiB)",
+    backup.add_argument("path", metavar="PATH", type=Path, help="where to write the copy")
+    migrate = subs.add_parser(
+        "migrate",
+        help="copy every row into an empty PostgreSQL database",
+        description="Copy workspaces, agents, credentials, grants, tasks, events, push "
+        "state, audit and sessions from the relay's database into an empty PostgreSQL "
+        "database, in one transaction, then verify the counts. Stop the relay first.",
     )
-    parser.add_argument(
-        "--body-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long a client has to send a whole request body (default 30; then 408)",
+    migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://… (empty)")
+    migrate.add_argument(
+        "--from",
+        dest="source",
+        metavar="URL",
+        help="source database (default: the relay's --database / config)",
     )
+    for sub in (backup, migrate):
+        sub.add_argument("--version", action="version", version=f"mellan {__version__}")
+        # also accepted after the action; SUPPRESS so an absent one keeps the relay's value
+        sub.add_argument("--config", type=Path, metavar="FILE", default=argparse.SUPPRESS,
+                         help="the relay's config file (for its database)")  # fmt: skip
+        sub.add_argument("--database", metavar="URL", default=argparse.SUPPRESS,
+                         help="the relay's database (default: config, env, XDG path)")  # fmt: skip
 
 
 def run(ns: argparse.Namespace) -> int:
-    from melchior.mellan.relay.serve import RelayOptions, serve
+    from melchior.mellan.relay import settings
 
-    if not 0 <= ns.port <= 65535:
-        print(f"mellan relay: --port {ns.port} is not a port number (0-65535)")
+    try:
+        resolved = settings.resolve(ns, os.environ)
+    except settings.SettingsError as exc:
+        print(f"mellan relay: {exc}", file=sys.stderr)
         return 2
-    if not 0 < ns.body_timeout <= 3600:
-        print(f"mellan relay: --body-timeout {ns.body_timeout} must be in (0, 3600] seconds")
-        return 2
+    action = getattr(ns, "action", None)
+    if action == "backup":
+        from melchior.mellan.relay.backup import backup_command
+
+        return backup_command(resolved["database"], ns.path)
+    if action == "migrate":
+        from melchior.mellan.relay.store.transfer import migrate_command
+
+        return migrate_command(ns.source or resolved["database"], ns.to)
+    if ns.print_config:
+        print(settings.print_config(resolved, as_json=bool(resolved["json"])))
+        return 0
+
+    from melchior.mellan.relay.serve import RelayOptions, serve
+    from melchior.policy.send_limits import Limits
+
     return serve(
         RelayOptions(
-            database=ns.database,
-            host=ns.host,
-            port=ns.port,
-            public_url=ns.public_url,
-            owner_token_file=ns.owner_token_file,
-            mint_owner_token=ns.mint_owner_token,
-            max_body=ns.max_body,
-            body_deadline=ns.body_timeout,
-            json=ns.json,
+            database=resolved["database"],
+            host=resolved["host"],
+            port=resolved["port"],
+            public_url=resolved["public_url"],
+            owner_token_file=resolved["owner_token_file"],
+            mint_owner_token=resolved["mint_owner_token"],
+            max_body=resolved["max_body"],
+            body_deadline=resolved["body_timeout"],
+            json=resolved["json"],
+            retain_days=resolved["retain_days"],
+            tls_cert=resolved["tls.cert"],
+            tls_key=resolved["tls.key"],
+            client_ca=resolved["tls.client_ca"],
+            insecure_http=resolved["insecure_http"],
+            log_format=resolved["log_format"],
+            metrics_token_file=resolved["metrics.token_file"],
+            metrics_cache_seconds=resolved["metrics.cache_seconds"],
+            limits=Limits(
+                resolved["limits.send_rate"],
+                resolved["limits.burst"],
+                resolved["limits.max_unfinished_per_receiver"],
+                resolved["limits.max_queued"],
+            ),
         )
     )

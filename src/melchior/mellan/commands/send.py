@@ -24,13 +24,17 @@ from urllib.parse import quote
 import httpx
 
 from melchior import __version__
+from melchior.mellan import transport
 from melchior.mellan.commands._common import (
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
+    EXIT_USAGE,
     CliError,
+    add_ca_file,
     agent_credential,
     guarded,
 )
+from melchior.mellan.transport import ClientTls
 
 DONE_BAD = ("TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
 
@@ -49,26 +53,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", metavar="ID", help="answer a task that asked for input")
     parser.add_argument("--context", metavar="ID", help="continue a conversation (contextId)")
     parser.add_argument("--relay", metavar="URL", help="relay URL (default: stored or env)")
+    add_ca_file(parser)
 
 
-def credential(ns: argparse.Namespace) -> tuple[str, str, str | None]:
-    """(relay URL, token, workspace if known) of the calling agent, by the one rule every
-    command follows (``_common.agent_credential``)."""
+def credential(ns: argparse.Namespace) -> tuple[str, str, str | None, ClientTls | None]:
+    """(relay URL, token, workspace if known, TLS) of the calling agent, by the one rule
+    every command follows (``_common.agent_credential``)."""
     found = agent_credential(ns)
-    return found.relay, found.token, ns.workspace or found.workspace
+    return found.relay, found.token, ns.workspace or found.workspace, found.tls
 
 
 class Wire:
-    def __init__(self, relay: str, token: str) -> None:
+    def __init__(self, relay: str, token: str, tls: ClientTls | None = None) -> None:
         self.relay = relay.rstrip("/")
-        self.http = httpx.Client(
-            headers={
-                "Authorization": f"Bearer {token}",
-                "A2A-Version": "1.0",
-                "Content-Type": "application/json",
-            },
-            timeout=httpx.Timeout(30.0, read=None),
-        )
+        try:
+            self.http = transport.client(
+                self.relay,
+                token,
+                tls,
+                headers={"A2A-Version": "1.0", "Content-Type": "application/json"},
+                timeout=httpx.Timeout(30.0, read=None),
+            )
+        except transport.TransportError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
 
     def _fail(self, response: httpx.Response) -> CliError:
         try:
@@ -80,6 +87,9 @@ class Wire:
         return CliError(f"refused: {reason}", code)
 
     def _unreachable(self, exc: Exception) -> CliError:
+        untrusted = transport.untrusted(exc)
+        if untrusted:
+            return CliError(f"{self.relay}: {untrusted}", EXIT_UNREACHABLE)
         return CliError(f"cannot reach the relay at {self.relay}: {exc}", EXIT_UNREACHABLE)
 
     def workspace(self) -> str:
@@ -173,8 +183,8 @@ def _exit_for(state: str) -> int:
 @guarded
 def run(ns: argparse.Namespace) -> int:
     text = sys.stdin.read() if ns.text == "-" else ns.text
-    relay, token, workspace = credential(ns)
-    wire = Wire(relay, token)
+    relay, token, workspace, tls = credential(ns)
+    wire = Wire(relay, token, tls)
     workspace = workspace or wire.workspace()
     base = f"{wire.relay}/a2a/{quote(workspace, safe='')}/{quote(ns.receiver, safe='/')}"
     message: dict[str, Any] = {

@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from melchior.files import xdg
+from melchior.mellan import transport
+from melchior.mellan.transport import ClientTls
 from melchior.policy.allowlist import AllowList
 from melchior.runtimes import ADAPTERS, RuntimeConfigError, runtime_for
 
@@ -92,8 +94,7 @@ class ReceiverConfig:
     wake: Wake | None = None
     poll: float = 5.0
     worker: str | None = None
-    verify: str | bool = True
-    cert: tuple[str, str] | None = None
+    tls: ClientTls = field(default_factory=ClientTls)
     source: Path | None = None
 
     @property
@@ -229,8 +230,11 @@ def _wake(table: Any, env: Mapping[str, str]) -> Wake | None:
     return Wake(host.strip("[]"), int(port_text), secret)
 
 
-def _credential(data: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, str | None, str]:
-    """(token, relay from the credential file if any, a name for this receiver)."""
+def _credential(
+    data: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[str, str | None, str, dict[str, Any]]:
+    """(token, relay from the credential file if any, a name for this receiver, the
+    credential file's contents: its stored CA and client certificate)."""
     from melchior.mellan.commands._common import agent_file
 
     path_text = _text(data, "credential", "")
@@ -254,7 +258,7 @@ def _credential(data: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, s
             raise ConfigError(f"credential: {path} is not a mellan agent credential")
         relay = stored.get("relay")
         name = str(stored.get("agent") or agent or path.stem)
-        return stored["token"], relay if isinstance(relay, str) else None, name
+        return stored["token"], relay if isinstance(relay, str) else None, name, stored
     var = token_env or "MELLAN_TOKEN"
     token = env.get(var)
     if not token:
@@ -262,18 +266,20 @@ def _credential(data: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, s
             f"no credential: set credential = PATH or agent = ID in the config, or the "
             f"token in ${var}"
         )
-    return token, None, "receiver"
+    return token, None, "receiver", {}
 
 
 def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) -> ReceiverConfig:
     """A checked configuration from the TOML document ``data``."""
     _known(data, TOP_KEYS, "the receiver configuration")
-    token, stored_relay, who = _credential(data, env)
+    token, stored_relay, who, stored = _credential(data, env)
     relay = _text(data, "relay", "") or env.get("MELLAN_RELAY") or stored_relay
     if not relay:
         raise ConfigError("relay is required: the relay's URL (or a credential file naming it)")
-    if not re.match(r"^https?://[^/\s]+", relay):
-        raise ConfigError(f"relay must be an http(s) URL, got {relay!r}")
+    try:
+        transport.check_url(relay, credential=True)
+    except transport.TransportError as exc:
+        raise ConfigError(f"relay: {exc}") from None
     name = _text(data, "name", "") or who
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", name):
         raise ConfigError(f"name must be letters, digits, '.', '_', '-' or '/', got {name!r}")
@@ -299,6 +305,20 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
     cert, key = _text(tls, "cert", "tls."), _text(tls, "key", "tls.")
     if (cert is None) != (key is None):
         raise ConfigError("tls.cert and tls.key go together (the client certificate for mTLS)")
+    try:
+        found = transport.client_tls(_expand(ca, env) if ca else None, stored, env)
+    except transport.TransportError as exc:
+        raise ConfigError(f"[tls]: {exc}") from None
+    tls_paths = ClientTls(
+        found.ca_file,
+        _expand(cert, env) if cert else found.client_cert,
+        _expand(key, env) if key else found.client_key,
+    )
+    if relay.startswith("https://"):
+        try:
+            transport.ssl_context(tls_paths)  # the files load now, not at the first claim
+        except transport.TransportError as exc:
+            raise ConfigError(f"[tls]: {exc}") from None
     return ReceiverConfig(
         relay=relay.rstrip("/"),
         token=token,
@@ -313,8 +333,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         wake=_wake(data.get("wake"), env),
         poll=_number(data, "poll", 5, 0.1, 86400),
         worker=_text(data, "worker", ""),
-        verify=str(_expand(ca, env)) if ca else True,
-        cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,
+        tls=tls_paths,
         source=source,
     )
 

@@ -54,9 +54,7 @@ class _Stopped(Exception):
 class Receiver:
     def __init__(self, config: ReceiverConfig, out: TextIO | None = sys.stdout) -> None:
         self.config = config
-        self.client = AsyncReceiverClient(
-            config.relay, config.token, verify=config.verify, cert=config.cert
-        )
+        self.client = AsyncReceiverClient(config.relay, config.token, tls=config.tls)
         self.spool = Spool(config.spool_dir)
         self.board = Board(config.state_file, config.name, config.relay, out)
         self.sessions = Sessions(config.state_dir / "sessions.json")
@@ -293,4 +291,9 @@ class Receiver:
 
 
 def run(config: ReceiverConfig, out: TextIO | None = sys.stdout) -> int:
-    return asyncio.run(Receiver(config, out).run())
+    try:
+        receiver = Receiver(config, out)
+    except ReceiverError as exc:  # the TLS settings do not load, or plain HTTP elsewhere
+        print(f"mellan receiver: {exc.reason}", file=sys.stderr)
+        return EXIT_CONFIG
+    return asyncio.run(receiver.run())

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from melchior.mellan.relay.auth import hash_token, parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import ApiError, actor, record, require_owner
+from melchior.mellan.relay.limits import WORKSPACE_DEFAULTS
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.store.base import (
     Agent,
@@ -25,12 +26,14 @@ from melchior.mellan.relay.store.base import (
     Conflict,
     CredentialKind,
     Grant,
+    NotFoundError,
     Outcome,
     Principal,
     Record,
     Task,
 )
 from melchior.policy.grants import may_grant
+from melchior.policy.send_limits import Overrides, check_value, effective
 from melchior.policy.visibility import Party, may_see_task
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}$")
@@ -353,3 +356,53 @@ async def set_push_private(relay: Relay, me: Principal, allowed: bool) -> None:
     why = "push deliveries may reach private addresses" if allowed else "public addresses only"
     audit = Record(actor(me), "push.settings", "owner", why, {"allow_private": allowed})
     await relay.call(relay.store.set_push_allow_private, me.workspace, allowed, record=audit)
+
+
+# -- send limits ---------------------------------------------------------------------------------
+
+
+def limits_view(relay: Relay, stored: dict[str, Overrides], agent: str) -> dict[str, Any]:
+    """An agent's limits (or with ``'*'`` the workspace defaults): what is stored for it,
+    the workspace defaults, the relay's built-in defaults, and what is in force."""
+    none = Overrides()
+    workspace = stored.get(WORKSPACE_DEFAULTS, none)
+    own = stored.get(agent, none) if agent != WORKSPACE_DEFAULTS else none
+    return {
+        "agent": agent,
+        "stored": stored.get(agent, none)._asdict(),
+        "workspace_defaults": workspace._asdict(),
+        "relay_defaults": relay.limits.base._asdict(),
+        "effective": effective(workspace, own, relay.limits.base)._asdict(),
+    }
+
+
+async def set_limits(
+    relay: Relay, me: Principal, agent: str, values: Overrides, *, reset: bool
+) -> dict[str, Any]:
+    """Owner only: change an agent's send limits (``'*'``: the workspace defaults), each
+    value checked by :func:`melchior.policy.send_limits.check_value`; audited
+    (``limits.set``) in the change's transaction."""
+    await owner_only(relay, me, "limits.set")
+    if agent != WORKSPACE_DEFAULTS and not AGENT_ID.match(agent):
+        raise bad(f"agent id {agent!r} is not valid (or '*' for the workspace defaults)")
+    given = {k: v for k, v in values._asdict().items() if v is not None}
+    try:
+        checked = Overrides(**{k: check_value(k, v) for k, v in given.items()})  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    who = "the workspace defaults" if agent == WORKSPACE_DEFAULTS else f"{agent}'s limits"
+    what = ", ".join(f"{k}={v:g}" for k, v in given.items()) or "nothing"
+    audit = Record(
+        actor(me), "limits.set", "owner",
+        f"{who}: {'reset, then ' if reset else ''}set {what}",
+        {"reset": reset, **given},
+    )  # fmt: skip
+    try:
+        await relay.call(
+            relay.store.set_limits, me.workspace, agent, checked, reset=reset, record=audit
+        )
+    except NotFoundError:
+        raise not_found(f"agent {agent!r}") from None
+    relay.limits.forget(me.workspace)
+    stored = await relay.call(relay.store.limit_overrides, me.workspace)
+    return limits_view(relay, stored, agent)

@@ -15,11 +15,15 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from melchior.mellan.relay.auth import bearer, hash_token, identify, same_hash
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.metrics import CONTENT_TYPE
+from melchior.mellan.relay.observe import Observe
+from melchior.mellan.relay.store.base import CredentialKind
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.dashboard import Settings
@@ -62,6 +66,52 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True, "now": now})
 
 
+async def readyz(request: Request) -> JSONResponse:
+    """Ready to serve: the database answers and its schema is the one this code writes.
+    503 with the reason otherwise (a balancer takes the replica out; ``/healthz`` stays
+    the cheap liveness check)."""
+    relay: Relay = request.app.state.relay
+    try:
+        version = await relay.call(relay.store.schema_version)
+        now = await relay.call(relay.store.now)
+    except Exception as exc:
+        reason = f"database unavailable: {exc}"
+        return JSONResponse({"ready": False, "reason": reason}, 503)
+    latest = relay.store.latest_schema
+    body = {"ready": version == latest, "schema": version, "schema_expected": latest, "now": now}
+    if version < latest:
+        body["reason"] = (
+            f"the database schema is at version {version}, this relay needs {latest}; "
+            "restart a replica of this version to upgrade it"
+        )
+    elif version > latest:
+        body["reason"] = (
+            f"the database schema is at version {version}, newer than this relay's {latest}; "
+            "upgrade this replica"
+        )
+    return JSONResponse(body, 200 if version == latest else 503)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text (:mod:`.metrics`) for an owner credential or the relay's metrics
+    token (compared in constant time); gauges read in a worker thread, cached."""
+    relay: Relay = request.app.state.relay
+    token = bearer(request.headers.get("authorization"))
+    allowed = False
+    if token is not None and relay.metrics_token is not None:
+        allowed = same_hash(hash_token(token), hash_token(relay.metrics_token))
+    if not allowed:
+        principal, _why = await identify(request, relay)
+        if principal is None:
+            text = "send 'Authorization: Bearer <owner token or metrics token>'"
+            headers = {"WWW-Authenticate": "Bearer"}
+            return PlainTextResponse(f"metrics need a credential: {text}", 401, headers=headers)
+        if principal.kind is not CredentialKind.OWNER:
+            return PlainTextResponse("metrics need an owner credential or the metrics token", 403)
+    gauges = await relay.call(relay.metrics.gauges, relay.store)
+    return Response(relay.metrics.render(gauges), media_type=CONTENT_TYPE)
+
+
 async def sweep_leases(relay: Relay) -> None:
     """Fail expired leases that have no attempts left, every ``relay.sweep_interval``.
 
@@ -87,7 +137,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     rule}}``), ``/a2a`` (JSON-RPC or ``google.rpc.Status``, by binding) and ``/ui`` (the
     owner's dashboard; ``/`` leads there) — so no endpoint catches errors itself. The
     lifespan owns every background task of the replica (lease sweeper, accept batcher,
-    push deliverer, waker) in one task group, and awaits them on the way out."""
+    push deliverer, retention, waker) in one task group, and awaits them on the way out."""
     from melchior.mellan.relay import a2a, control, receiver_api, taskroutes, wakeconfig
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
@@ -107,6 +157,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         from melchior.mellan.relay.push import Pusher
+        from melchior.mellan.relay.retention import keep_tasks_for
         from melchior.mellan.relay.wake import Waker
 
         await relay.notifier.start()
@@ -120,6 +171,11 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
                     relay.pusher.start(tasks),
                     relay.waker.start(tasks),
                 ]
+                if relay.retain_days:
+                    job = keep_tasks_for(relay, relay.retain_days,
+                                         interval=relay.retention_interval,
+                                         first=relay.retention_first)  # fmt: skip
+                    owned.append(tasks.create_task(job, name="mellan-retention"))
                 try:
                     yield
                 finally:
@@ -131,13 +187,15 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     app = Starlette(
         routes=[
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
             Route("/", lambda _: RedirectResponse(PREFIX + "/", 307)),
             Mount("/api", api),
             Mount(paths.PREFIX, entry),
             Mount(PREFIX, create_dashboard(relay, dashboard)),
         ],
         lifespan=lifespan,
-        middleware=[Middleware(HeaderLimit)],
+        middleware=[Middleware(Observe, metrics=relay.metrics), Middleware(HeaderLimit)],
     )
     app.state.relay = relay
     return app

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from melchior.mellan.relay.store.base import NewTask, StoreUnavailable, Task
+from melchior.mellan.relay.store.base import NewTask, OverLimit, StoreUnavailable, Task
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.context import Relay
 
 MAX_BATCH = 200
 
-Result = tuple[Task, bool]
+Result = tuple[Task, bool] | OverLimit
+"""(task, created), or the cap that kept a new task out (checked in the same commit)."""
 
 
 class Batcher:
@@ -32,7 +33,8 @@ class Batcher:
         self._inflight: list[tuple[NewTask, asyncio.Future[Result]]] = []
 
     async def enqueue(self, task: NewTask) -> Result:
-        """Store ``task`` with whatever else is waiting; its (task, created) once committed."""
+        """Store ``task`` with whatever else is waiting; its (task, created) once committed,
+        or the :class:`OverLimit` that refused it."""
         if not self._running:
             raise RuntimeError("the accept batcher is not running (the app's lifespan runs it)")
         fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
@@ -82,7 +84,7 @@ class Batcher:
         and may have stored them, so a failure now must not be reported as "nothing
         stored": that unclear loss is what the caller gets, for the door to settle."""
         try:
-            results = await self._relay.call(self._relay.store.enqueue_many, [t for t, _ in batch])
+            results = await self._relay.call(self._relay.store.admit, [t for t, _ in batch])
         except Exception as exc:
             failure: BaseException = exc
             if isinstance(exc, StoreUnavailable) and exc.unclear:

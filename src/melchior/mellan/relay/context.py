@@ -14,8 +14,10 @@ from starlette.concurrency import run_in_threadpool
 
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
+from melchior.mellan.relay.limits import SendLimits
+from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import Notifier
-from melchior.mellan.relay.store.base import Store
+from melchior.mellan.relay.store.base import Store, StoreUnavailable
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.presence import Presence
@@ -37,6 +39,11 @@ class Relay:
     poll_interval: float = 1.0
     """Seconds between store reads while a long-poll waits: the truth behind every wake-up."""
     sweep_interval: float = 5.0
+    retain_days: float | None = None
+    """Finished tasks older than this are deleted (:mod:`.retention`); None keeps them."""
+    retention_interval: float = 3600.0
+    retention_first: float = 30.0
+    """Seconds from start to the first retention round, then between rounds."""
     """Seconds between lease sweeps (every replica sweeps; the store makes that safe)."""
     closing: bool = False
     """Set when the replica is shutting down: long-polls answer at their next store read
@@ -52,6 +59,12 @@ class Relay:
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
     presence: Presence = field(init=False, repr=False)
     """Which receivers' sightings this replica stored, and when (see :mod:`.presence`)."""
+    limits: SendLimits = field(default_factory=SendLimits, repr=False)
+    """Send limits in force and the senders' token buckets (:mod:`.limits`)."""
+    metrics: Metrics = field(default_factory=Metrics, repr=False)
+    """This replica's counters and the cached database gauges (:mod:`.metrics`)."""
+    metrics_token: str | None = field(default=None, repr=False)
+    """A token that may read ``/metrics`` (besides owner credentials); None: owners only."""
 
     def __post_init__(self) -> None:
         from melchior.mellan.relay.presence import Presence
@@ -59,6 +72,7 @@ class Relay:
         self.batcher = Batcher(self)
         self.credentials = Credentials()
         self.presence = Presence()
+        self.store.set_tally(self.metrics.tally)
 
     def queued(self, workspace: str, agent: str) -> None:
         """Work was queued for ``agent``: wake its receiver if it has a wake URL (never
@@ -67,4 +81,10 @@ class Relay:
             self.waker.poke(workspace, agent)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await run_in_threadpool(fn, *args, **kwargs)
+        """Run a (blocking) store call in a worker thread; an unreachable database is
+        counted (``mellan_database_errors_total``) on its way to the 503."""
+        try:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        except StoreUnavailable:
+            self.metrics.db_errors.inc()
+            raise

@@ -42,11 +42,13 @@ from melchior.mellan.relay.http import (
     event_view,
     field_bool,
     field_int,
+    field_number,
     field_str,
     query_int,
     read_object,
     task_view,
 )
+from melchior.mellan.relay.limits import WORKSPACE_DEFAULTS
 from melchior.mellan.relay.notify import audit_topic
 from melchior.mellan.relay.store.base import (
     Agent,
@@ -56,6 +58,7 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskState,
 )
+from melchior.policy.send_limits import Overrides
 from melchior.policy.visibility import party_filters
 
 
@@ -130,6 +133,7 @@ def audit_view(rec: AuditRecord) -> dict[str, Any]:
         "rule": rec.rule,
         "reason": rec.reason,
         "detail": rec.detail,
+        "request_id": rec.request_id,
     }
 
 
@@ -424,12 +428,54 @@ async def push_settings(request: Request) -> Response:
     return JSON({"workspace": me.workspace, "allow_private": allowed})
 
 
+_LIMIT_FIELDS = {
+    "send_rate": (0.0, 100_000.0),
+    "burst": (1, 10_000_000),
+    "max_unfinished_per_receiver": (1, 10_000_000),
+    "max_queued": (1, 10_000_000),
+}
+
+
+async def limits(request: Request) -> Response:
+    """``GET`` an agent's send limits (``*``: the workspace defaults; an agent may read its
+    own), ``PUT`` (owner) change them: any of ``send_rate``, ``burst``,
+    ``max_unfinished_per_receiver``, ``max_queued`` (null or absent: unchanged), and
+    ``reset`` (forget what is stored first)."""
+    relay, me = await _who(request)
+    agent = request.path_params["agent_id"]
+    if request.method == "PUT":
+        body = await read_object(request, relay)
+        unknown = sorted(set(body) - set(_LIMIT_FIELDS) - {"reset"})
+        if unknown:
+            raise bad(f"unknown field {unknown[0]!r}; limits are {', '.join(_LIMIT_FIELDS)}")
+        values: dict[str, Any] = {}
+        for name, (lo, hi) in _LIMIT_FIELDS.items():
+            if body.get(name) is None:
+                continue
+            if name == "send_rate":
+                values[name] = field_number(body, name, 0.0, lo, hi)
+            else:
+                values[name] = field_int(body, name, None, int(lo), int(hi))
+        reset = field_bool(body, "reset", False)
+        return JSON(await actions.set_limits(relay, me, agent, Overrides(**values), reset=reset))
+    if not is_owner(me) and agent != me.subject:
+        raise not_found(f"agent {agent!r}")
+    if (
+        agent != WORKSPACE_DEFAULTS
+        and await relay.call(relay.store.get_agent, me.workspace, agent) is None
+    ):
+        raise not_found(f"agent {agent!r}")
+    stored = await relay.call(relay.store.limit_overrides, me.workspace)
+    return JSON(actions.limits_view(relay, stored, agent))
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/whoami", whoami, methods=["GET"]),
         Route("/agents", add_agent, methods=["POST"]),
         Route("/agents", list_agents, methods=["GET"]),
         Route("/agents/{agent_id:path}", get_agent, methods=["GET"]),
+        Route("/limits/{agent_id:path}", limits, methods=["GET", "PUT"]),
         Route("/enrollments", enroll, methods=["POST"]),
         Route("/enrollments", list_enrollments, methods=["GET"]),
         Route("/enrollments/{enrollment_id}/revoke", revoke_enrollment, methods=["POST"]),

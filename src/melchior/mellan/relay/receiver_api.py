@@ -41,6 +41,10 @@ Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
     POST /api/receiver/tasks/{id}/fail      {"epoch":N,"error":"…","retryable":true,
                                              "retry_after":S?}
     POST /api/receiver/tasks/{id}/cancel-ack {"epoch":N}   (after renew said "cancelled")
+    POST /api/receiver/renew     {"leases":[{"task_id","epoch"}…≤100],"lease_seconds":30}
+    POST /api/receiver/complete  {"completions":[{"task_id","epoch","result"}…≤100]}
+         → 200 {"results":[{"task_id","outcome":"ok"|"duplicate"|"lease-lost"|"not-found",
+                            "reason"?,"sentence"?}]}   (one transaction, input order)
          → 200 {"outcome":"ok"|"duplicate"}
          | 409 {"outcome":"lease-lost","reason":"cancelled"|"stale-epoch"|"expired"|"finished",
                 "error":{"code":"lease-lost","reason":"<sentence>"}}
@@ -83,6 +87,8 @@ from melchior.policy.presence import MAX_WAIT as ONLINE_MAX_WAIT
 from melchior.policy.visibility import may_see_task
 
 MAX_CLAIM = 100
+MAX_BATCH = 100
+"""Items in one batched renew or complete, at most."""
 MAX_WAIT = int(ONLINE_MAX_WAIT)  # the online window is reckoned from the same bound
 EVENT_KINDS = ("status", "artifact", "message")
 BACKOFF_BASE = 1.0
@@ -144,6 +150,7 @@ async def claim(request: Request) -> Response:
     topic = receiver_topic(me.workspace, me.subject)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
+    via = "immediate"  # how the read that finds work was prompted (metrics)
     while True:
         leases = await relay.call(
             relay.store.claim,
@@ -159,7 +166,11 @@ async def claim(request: Request) -> Response:
             break
         if await request.is_disconnected():
             return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
-        await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        woken = await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        via = "notify" if woken else "poll"
+        relay.metrics.wakeups.inc(cause=via)
+    if leases:
+        relay.metrics.pickups.inc(len(leases), via=via)
     views = []
     for lease in leases:
         turns = await relay.call(relay.store.turns, lease.task.id) if lease.task.turn > 1 else None
@@ -266,6 +277,101 @@ async def complete(request: Request) -> Response:
     return _fenced(relay, me, task_id, outcome)
 
 
+# -- batches: one request, one transaction, for a receiver running many tasks -------------------
+
+
+def _items(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    items = body.get(name)
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise ApiError(400, "bad-request", f"{name!r} must be a list of 1 to {MAX_BATCH} objects")
+    if not all(isinstance(item, dict) for item in items):
+        raise ApiError(400, "bad-request", f"every item of {name!r} must be an object")
+    return items
+
+
+def _owned(relay: Relay, me: Principal, task_ids: list[str]) -> set[str]:
+    """Which of ``task_ids`` are this agent's to report on (one worker hop for all)."""
+    mine = set()
+    for task_id in dict.fromkeys(task_ids):
+        task = relay.store.get_task(me.workspace, task_id)
+        if task is not None and may_see_task(viewer_of(me), parties_of(task), party="receiver"):
+            mine.add(task_id)
+    return mine
+
+
+def _item_view(me: Principal, task_id: str, verdict: Verdict | None) -> dict[str, Any]:
+    if verdict is None or verdict.outcome is Outcome.NOT_FOUND:
+        return {"task_id": task_id, "outcome": Outcome.NOT_FOUND.value,
+                "reason": f"no task {task_id!r} for agent {me.subject!r}"}  # fmt: skip
+    view: dict[str, Any] = {"task_id": task_id, "outcome": verdict.outcome.value}
+    if verdict.outcome is Outcome.LEASE_LOST:
+        view["reason"] = verdict.reason
+        view["sentence"] = verdict.sentence
+    return view
+
+
+async def _batch(relay: Relay, me: Principal, task_ids: list[str], write: Any) -> Response:
+    """Check ownership, run ``write(owned_indexes)`` in one transaction, answer per item."""
+
+    def go() -> list[Verdict | None]:
+        mine = _owned(relay, me, task_ids)
+        chosen = [i for i, task_id in enumerate(task_ids) if task_id in mine]
+        verdicts = write(chosen) if chosen else []
+        out: list[Verdict | None] = [None] * len(task_ids)
+        for i, verdict in zip(chosen, verdicts, strict=True):
+            out[i] = verdict
+        return out
+
+    verdicts = await relay.call(go)
+    for task_id, verdict in zip(task_ids, verdicts, strict=True):
+        if verdict is not None and verdict.outcome in (Outcome.OK, Outcome.DUPLICATE):
+            relay.notifier.publish(task_topic(task_id))
+    return JSON(
+        {"results": [_item_view(me, t, v) for t, v in zip(task_ids, verdicts, strict=True)]}
+    )
+
+
+async def renew_many(request: Request) -> Response:
+    """Renew several leases in one request and one transaction."""
+    relay, me = await _agent(request)
+    body = await read_object(request, relay)
+    items = _items(body, "leases")
+    lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
+    await seen(relay, me)  # renewals are heartbeats, batched or not
+    pairs = [
+        (field_str(item, "task_id", max_len=256), field_int(item, "epoch", None, 0, 2**62))
+        for item in items
+    ]
+    return await _batch(
+        relay, me, [t for t, _ in pairs],
+        lambda chosen: relay.store.renew_many(
+            [pairs[i] for i in chosen], lease_seconds=lease_seconds, actor=actor(me)
+        ),
+    )  # fmt: skip
+
+
+async def complete_many(request: Request) -> Response:
+    """Record several successes in one request and one transaction (a turn that asks for
+    input uses the single ``complete``)."""
+    relay, me = await _agent(request)
+    body = await read_object(request, relay)
+    items = _items(body, "completions")
+    triples = [
+        (
+            field_str(item, "task_id", max_len=256),
+            field_int(item, "epoch", None, 0, 2**62),
+            encode(_check_result(item.get("result", {}))),
+        )
+        for item in items
+    ]
+    return await _batch(
+        relay, me, [t for t, _, _ in triples],
+        lambda chosen: relay.store.complete_many(
+            [triples[i] for i in chosen], actor=actor(me)
+        ),
+    )  # fmt: skip
+
+
 def backoff(attempt: int) -> float:
     """Exponential backoff with equal jitter: base 1 s, doubling, capped at 5 minutes."""
     ceiling: float = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** max(0, attempt - 1))
@@ -319,6 +425,8 @@ async def cancel_ack(request: Request) -> Response:
 def routes() -> list[BaseRoute]:
     return [
         Route("/receiver/claim", claim, methods=["POST"]),
+        Route("/receiver/renew", renew_many, methods=["POST"]),
+        Route("/receiver/complete", complete_many, methods=["POST"]),
         Route("/receiver/tasks/{task_id}/renew", renew, methods=["POST"]),
         Route("/receiver/tasks/{task_id}/progress", progress, methods=["POST"]),
         Route("/receiver/tasks/{task_id}/complete", complete, methods=["POST"]),

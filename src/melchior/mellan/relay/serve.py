@@ -10,10 +10,10 @@ the first file was lost); revoke old ones with ``mellan credential revoke``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import json
-import logging
 import signal
 import socket
 import sys
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import h11
@@ -34,9 +34,14 @@ from melchior.files import write_private, xdg
 from melchior.mellan.relay.app import MAX_HEADER_BYTES, create_app
 from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.limits import SendLimits
+from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
+from melchior.mellan.relay.observe import configure_logging
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Record, Store
+from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_tls
+from melchior.policy.send_limits import DEFAULTS, Limits
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -55,6 +60,15 @@ class RelayOptions:
     max_body: int = 16 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
+    retain_days: float | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    insecure_http: bool = False
+    log_format: str = "text"
+    metrics_token_file: Path | None = None
+    metrics_cache_seconds: float = 10.0
+    limits: Limits = DEFAULTS
 
 
 def data_dir() -> Path:
@@ -63,10 +77,10 @@ def data_dir() -> Path:
 
 def redact(url: str | None) -> str:
     """A database URL fit for a status line: no password."""
-    if url is None:
-        return f"sqlite:///{default_sqlite_path()}"
+    if url is None:  # sqlite:// + an absolute path: sqlite:///home/…
+        return f"sqlite://{default_sqlite_path().resolve()}"
     if "://" not in url:
-        return f"sqlite:///{Path(url).resolve()}"
+        return f"sqlite://{Path(url).resolve()}"
     parts = urlsplit(url)
     if parts.password:
         host = parts.hostname or ""
@@ -133,7 +147,10 @@ def make_notifier(database: str | None) -> Notifier:
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP, and accepted sockets inherit it; with 0, a keep-alive response waited out the
+    # client's delayed ACK (~40 ms) between its head and its body
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -168,15 +185,46 @@ class HeaderLimitedH11(H11Protocol):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """On an HTTPS connection, put the verified client certificate (if any) in every
+        request's scope as the ASGI TLS extension, for :class:`~.tls.ClientCertGate`."""
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return
+        tls = peer_tls(ssl_object)
+        inner = self.app
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})["tls"] = tls
+            await inner(scope, receive, send)
+
+        self.app = app
+
 
 class _Server(uvicorn.Server):
     """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
     after shutdown (which would skip closing the store and report a kill to systemd), and
     open long-polls are told to answer now rather than hold the drain open."""
 
-    def __init__(self, config: uvicorn.Config, relay: Relay) -> None:
+    def __init__(
+        self, config: uvicorn.Config, relay: Relay, on_hup: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.relay = relay
+        self.on_hup = on_hup
+
+    def handle_hup(self, sig: int, frame: FrameType | None) -> None:
+        """SIGHUP: reload the certificate on the event loop's own turn (never inside
+        whatever the signal interrupted, which may be a print or a handshake)."""
+        if self.on_hup is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.on_hup()
+            return
+        loop.call_soon_threadsafe(self.on_hup)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.relay.closing = True
@@ -188,11 +236,38 @@ class _Server(uvicorn.Server):
             yield
             return
         previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        if self.on_hup is not None:
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hup)
         try:
             yield
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def transport_policy(options: RelayOptions) -> tuple[str | None, str | None]:
+    """(refusal, warning) for where and how the relay is asked to listen.
+
+    Rule: a bearer token crossing the network in clear is a stolen credential, so a
+    non-loopback address serves HTTPS, unless the operator says ``--insecure-http`` (e.g.
+    a TLS-terminating proxy on another host of a private network) and is warned."""
+    if (options.tls_cert is None) != (options.tls_key is None):
+        return "--tls-cert and --tls-key go together (tls.cert and tls.key)", None
+    if options.client_ca is not None and options.tls_cert is None:
+        return "--client-ca (tls.client_ca) needs HTTPS: give --tls-cert and --tls-key", None
+    if options.tls_cert is not None or ipaddress_is_loopback(options.host):
+        return None, None
+    if not options.insecure_http:
+        return (
+            f"refusing to serve plain HTTP on {options.host}, which other machines can reach: "
+            "credentials and task payloads would cross the network unencrypted. Give "
+            "--tls-cert/--tls-key, bind 127.0.0.1 behind a TLS proxy, or pass "
+            "--insecure-http to accept the risk"
+        ), None
+    return None, (
+        f"warning: --insecure-http: serving plain HTTP on {options.host}; anyone on the path "
+        "can read and replay bearer tokens and task payloads"
+    )
 
 
 def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
@@ -204,8 +279,30 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         else:
             print(f"mellan relay: {line}", file=out, flush=True)
 
-    logging.basicConfig(level=logging.INFO, format="mellan relay: %(levelname)s %(message)s")
+    configure_logging(options.log_format, access=options.log_format == "json")
+    metrics_token = None
+    if options.metrics_token_file is not None:
+        try:
+            metrics_token = options.metrics_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            say(f"cannot read the metrics token file {options.metrics_token_file}: {exc}", "error")
+            return 2
+        if len(metrics_token) < 16:
+            say("the metrics token must be at least 16 characters", "error")
+            return 2
     say(f"version {__version__}", "version", version=__version__)
+    refusal, warning = transport_policy(options)
+    if refusal:
+        say(refusal, "error")
+        return 2
+    tls: ServerTls | None = None
+    if options.tls_cert is not None and options.tls_key is not None:
+        tls = ServerTls(options.tls_cert, options.tls_key, options.client_ca)
+        try:
+            tls.build()
+        except TlsError as exc:
+            say(f"cannot serve HTTPS: {exc}", "error")
+            return 1
     say(f"database {redact(options.database)}", "database", database=redact(options.database))
     try:
         sock = bind(options.host, options.port)
@@ -237,7 +334,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say(f"schema upgraded from version {before} to {after}")
         port = sock.getsockname()[1]
         host = options.host if ":" not in options.host else f"[{options.host}]"
-        url = f"http://{host}:{port}"
+        url = f"{'https' if tls else 'http'}://{host}:{port}"
         public = (options.public_url or url).rstrip("/")
         token_file = options.owner_token_file or data_dir() / "owner.token"
         bootstrap(store, token_file, public, force=options.mint_owner_token, say=say)
@@ -247,34 +344,56 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             public_url=public,
             max_body=options.max_body,
             body_deadline=options.body_deadline,
+            limits=SendLimits(options.limits),
+            metrics=Metrics(cache_seconds=options.metrics_cache_seconds),
+            metrics_token=metrics_token,
+            retain_days=options.retain_days,
         )
-        app = create_app(relay)
+        if options.retain_days:
+            say(f"finished tasks are deleted {options.retain_days:g} day(s) after they finish")
+        app: Any = create_app(relay)
+        if tls is not None and tls.client_ca is not None:
+            app = ClientCertGate(app)
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's own lines go through our handler (JSON or text)
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,
             http=HeaderLimitedH11,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
-        server = _Server(config, relay)
+        config.load()
+        if tls is not None:
+            config.ssl = tls.context  # the live context: SIGHUP reloads into it
+
+        def reload_tls() -> None:
+            if tls is None:  # SIGHUP must not kill a relay a unit's ExecReload signals
+                say("SIGHUP: nothing to reload (no --tls-cert)")
+                return
+            message = tls.reload()
+            failed = message.startswith("certificate reload failed")
+            say(message, "tls-reload-failed" if failed else "tls-reloaded")
+
+        server = _Server(config, relay, on_hup=reload_tls)
         if threading.current_thread() is threading.main_thread():
             # From here on a signal means "stop gracefully", even before uvicorn installs
             # its own handlers: a supervisor may stop us right after "ready".
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, server.handle_exit)
+            signal.signal(signal.SIGHUP, server.handle_hup)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",
             url=url,
             public_url=public,
         )
-        if not ipaddress_is_loopback(options.host) and not public.startswith("https://"):
-            say(
-                f"warning: {options.host} is reachable from other machines over plain HTTP; "
-                "put a TLS-terminating proxy in front and pass its https URL as --public-url"
-            )
+        if tls is not None:
+            mtls = f"; client certificates from {tls.client_ca} required on /api/receiver/"
+            say(f"HTTPS with {tls.cert}" + (mtls if tls.client_ca else "") + "; SIGHUP reloads")
+        if warning:
+            say(warning, "warning")
         say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
         server.run(sockets=[sock])
         say("stopped", "stopped")

@@ -17,6 +17,7 @@ so tasks for one session never overlap, whichever context or caller they came fr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from typing import Any, NamedTuple
 
@@ -26,16 +27,20 @@ from melchior.mellan.relay.a2a.errors import (
     Forbidden,
     HopLimit,
     InvalidParams,
+    QuotaExceeded,
     TaskNotFound,
     Unavailable,
     UnsupportedOperation,
 )
 from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.limits import SendLimits
 from melchior.mellan.relay.store.base import (
+    Caps,
     FollowUp,
     NewPush,
     NewTask,
+    OverLimit,
     Record,
     Store,
     StoreError,
@@ -46,6 +51,7 @@ from melchior.mellan.relay.store.base import (
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
 from melchior.policy.outbound import check_url
 from melchior.policy.routes import session_key
+from melchior.policy.send_limits import RATE
 
 HOP_KEYS = ("chain", "hop")
 REFUSED_QUIETLY = frozenset({"unknown-agent", "unknown-capability", "no-grant", "other-workspace"})
@@ -217,6 +223,40 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
     )
 
 
+def within_limits(
+    store: Store, limits: SendLimits, caller: Caller, req: SendRequest
+) -> NewTask | FollowUp | Task:
+    """:func:`decide`, then the caller's send rate (refused: audited ``quota.refused``,
+    :class:`QuotaExceeded`, nothing stored); a new task leaves with the caps the enqueue
+    transaction counts (the caller's unfinished tasks at the receiver, the receiver's
+    queue). A resend of a message already taken is answered without a token."""
+    decided = decide(store, caller, req)
+    if isinstance(decided, Task):
+        return decided
+    workspace, sender = decided.workspace, caller.principal.subject
+    mine = limits.for_agent(store, workspace, sender)
+    took = limits.take(workspace, sender, mine)
+    if not took.decision:
+        detail = {
+            "messageId": req.message.get("messageId"),
+            "limit": RATE,
+            "send_rate": mine.send_rate,
+            "burst": mine.burst,
+            "retry_after": took.retry_after,
+        }
+        subject = f"{caller.target.workspace}/{caller.target.agent}"
+        store.audit(
+            workspace, caller.actor, "quota.refused", subject, False, RATE, took.decision.reason,
+            detail,
+        )  # fmt: skip
+        raise QuotaExceeded(took.decision.reason, limit=RATE, retry_after=took.retry_after)
+    if isinstance(decided, FollowUp):
+        return decided
+    theirs = limits.for_agent(store, workspace, decided.receiver)
+    caps = Caps(mine.max_unfinished_per_receiver, theirs.max_queued)
+    return dataclasses.replace(decided, caps=caps)
+
+
 def check_push(store: Store, workspace: str, push: NewPush, name: str) -> None:
     """Refuse, naming the field and the rule, a URL the workspace may not push to (before
     anything is stored; checked again after DNS at each delivery)."""
@@ -289,7 +329,7 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
     its acceptance record in one transaction (group-committed with concurrent accepts) —
     or start the next turn of a task that asked for input. A messageId already taken is a
     resend (the same task back) or a reuse (refused by name)."""
-    decided = await relay.call(decide, relay.store, caller, req)
+    decided = await relay.call(within_limits, relay.store, relay.limits, caller, req)
     if isinstance(decided, Task):
         return Taken(decided, False)
     if isinstance(decided, FollowUp):
@@ -299,11 +339,14 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
             return Taken(went, False)  # a turn on: its earlier turns are there to read
         return Taken(await _not_new(relay, caller, req, went), False)
     try:
-        task, created = await relay.batcher.enqueue(decided)
+        stored = await relay.batcher.enqueue(decided)
     except StoreUnavailable as lost:
         if not lost.unclear:
             raise
-        task, created = await relay.call(settle, relay.store, lost, decided), False
+        stored = await relay.call(settle, relay.store, lost, decided), False
+    if isinstance(stored, OverLimit):  # audited in the transaction that stored nothing
+        raise QuotaExceeded(stored.reason, limit=stored.limit, retry_after=stored.retry_after)
+    task, created = stored
     if created:
         relay.queued(task.workspace, task.receiver)
         return Taken(task, True)

@@ -32,6 +32,7 @@ _GRPC_STATUS = {
     408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
     415: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
     500: "INTERNAL",
     503: "UNAVAILABLE",
 }
@@ -77,6 +78,10 @@ class A2AError(Exception):
                 }
             )
         return out
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer carries (both bindings)."""
+        return {}
 
     def jsonrpc_error(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "data": self.details()}
@@ -203,6 +208,24 @@ class Unavailable(A2AError):
     code, http, grpc, reason = -32603, 503, "UNAVAILABLE", "STORE_UNAVAILABLE"
     domain = RELAY_DOMAIN
     default_message = "The relay's database is unavailable; nothing was stored, retry later"
+
+
+class QuotaExceeded(A2AError):
+    """A send over one of the caller's or the receiver's limits (HTTP 429 with
+    ``Retry-After``; :mod:`melchior.policy.send_limits`); nothing was stored. The
+    ErrorInfo names the limit and the seconds to wait."""
+
+    code, http, grpc, reason = -32600, 429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"
+    domain = RELAY_DOMAIN
+    default_message = "Over a send limit; nothing was stored, retry later"
+
+    def __init__(self, message: str, *, limit: str, retry_after: int) -> None:
+        super().__init__(message, metadata={"limit": limit, "retryAfter": str(retry_after)})
+        self.limit = limit
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class RequestTimeout(A2AError):

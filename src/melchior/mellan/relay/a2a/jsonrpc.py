@@ -24,6 +24,7 @@ from melchior.mellan.relay.a2a.errors import (
     InvalidRequest,
     MethodNotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     RequestTimeout,
     Unauthenticated,
     Unavailable,
@@ -38,7 +39,13 @@ RequestId = str | int | None
 
 def _status(err: A2AError) -> int:
     if isinstance(
-        err, Unauthenticated | Forbidden | PayloadTooLarge | RequestTimeout | Unavailable
+        err,
+        Unauthenticated
+        | Forbidden
+        | PayloadTooLarge
+        | RequestTimeout
+        | Unavailable
+        | QuotaExceeded,
     ):
         return err.http
     return 200
@@ -46,7 +53,9 @@ def _status(err: A2AError) -> int:
 
 def error_response(err: A2AError, rid: RequestId) -> Response:
     body = {"jsonrpc": "2.0", "id": rid, "error": err.jsonrpc_error()}
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    headers = err.headers()
+    if isinstance(err, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return Response(
         jsontext.dumpb(body), _status(err), headers=headers, media_type="application/json"
     )
@@ -98,6 +107,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
             f"method {method!r} is not an A2A 1.0 method (they are PascalCase, e.g. SendMessage)",
             metadata={"method": method},
         )
+    request.state.route = f"/a2a jsonrpc {method}"  # a bounded label: A2A methods only
     caller = await authenticate(relay, request, target)
     result = await op(relay, caller, params, request)
     if method in STREAMING:

@@ -33,7 +33,9 @@ from melchior.mellan.relay.context import Relay
 
 
 def error_response(err: A2AError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthenticated) else None
+    headers = err.headers()
+    if isinstance(err, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return Response(
         jsontext.dumpb(err.rest_body()), err.http, headers=headers, media_type="application/json"
     )
@@ -97,6 +99,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
     """Answer one HTTP+JSON request; refusals are raised and rendered by the mount's
     handler as ``google.rpc.Status`` bodies."""
     op_name, params, needs_body = route(request.method, target.rest)
+    request.state.route = f"/a2a rest {op_name}"  # a bounded label: A2A operations only
     http.check_version(request)
     body: Any = None
     if needs_body or (request.method == "POST" and http.has_body(request)):

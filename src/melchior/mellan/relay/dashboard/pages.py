@@ -395,27 +395,29 @@ async def tasks_page(request: Request, owner: Owner) -> Response:
     )  # fmt: skip
 
 
-def _task_read(store: Store, workspace: str, task_id: str) -> tuple[Task | None, Any, Any, Any]:
+def _task_read(
+    store: Store, workspace: str, task_id: str
+) -> tuple[Task | None, Any, Any, Any, Any]:
     task = store.get_task(workspace, task_id)
     if task is None:
-        return None, [], [], []
+        return None, [], [], [], []
     records = store.audit_matching(
         workspace, AuditFilter(subject=task_id), limit=1000, newest_first=False
     )
     turns = store.turns(task_id) if task.turn > 1 else []
-    return task, records, store.events_after(task_id, 0), turns
+    return task, records, store.events_after(task_id, 0), turns, store.push_attempts(task_id)
 
 
 async def task_parts(request: Request, owner: Owner, task_id: str) -> dict[str, str] | None:
     """The live parts of a task's page (summary and timeline), rendered; None if unseen."""
-    task, records, events, turns = await _read(
+    task, records, events, turns, pushes = await _read(
         request, _task_read, _store(request), owner.workspace, task_id
     )
     if not actions.may_see(owner.principal, task):
         return None
     assert task is not None
     base = render.base_path(request)
-    steps = timeline.steps(task, records, events, turns)
+    steps = timeline.steps(task, records, events, turns, pushes)
     return {
         "task-summary": render.fragment("_task_summary.html", task=task, base=base, owner=owner),
         "timeline": render.fragment("_timeline.html", steps=steps),

@@ -11,6 +11,11 @@ A task is a sequence of turns: an answer to "input asked" starts the next turn o
 same task ("answered"). Each turn's message travels with the step that started it, and
 each turn's result with the step that recorded it (finished turns are kept by the store).
 
+Push notifications (A2A push configs) add one step per outbox row — the record, written
+in the transaction of the change, that the change must be POSTed to a config's webhook —
+at the time it was delivered or given up (with the last error), or as pending with the
+tries so far: a caller asking "why did my webhook not hear about it?" has the answer.
+
 Payloads are the stored JSON text, verbatim: the request with "accepted", an answer with
 "answered", progress bodies with their events, a turn's result with the step that
 recorded it.
@@ -21,7 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from melchior.mellan.relay.store.base import AuditRecord, Task, TaskEvent, TaskState, TaskTurn
+from melchior.mellan.relay.store.base import (
+    AuditRecord,
+    PushAttempt,
+    Task,
+    TaskEvent,
+    TaskState,
+    TaskTurn,
+)
 
 # what each recorded action is called on the timeline, and its place among equal times
 STEPS: dict[str, tuple[str, str, int]] = {
@@ -85,15 +97,41 @@ def _from_event(ev: TaskEvent, turns: int) -> Step:
     )
 
 
+def _tries(n: int) -> str:
+    return f"{n} {'try' if n == 1 else 'tries'}"
+
+
+def _from_push(row: PushAttempt) -> Step:
+    what = f"the change to {row.state.value} (turn {row.turn}) for push config {row.config_id}"
+    error = f"; last error: {row.last_error}" if row.last_error else ""
+    if row.delivered_at is not None:
+        return Step(
+            row.delivered_at, "push delivered", "push",
+            f"{what} reached its webhook ({_tries(row.attempts)})", rank=7,
+        )  # fmt: skip
+    if row.gave_up_at is not None:
+        return Step(
+            row.gave_up_at, "push given up", "push-failed",
+            f"{what} was given up after {_tries(row.attempts)}{error}", allowed=False, rank=7,
+        )  # fmt: skip
+    return Step(
+        row.created_at, "push pending", "push",
+        f"{what} waits for its webhook ({_tries(row.attempts)} so far{error})", rank=7,
+    )  # fmt: skip
+
+
 def steps(
     task: Task,
     records: Sequence[AuditRecord],
     events: Sequence[TaskEvent],
     turns: Sequence[TaskTurn] = (),
+    pushes: Sequence[PushAttempt] = (),
 ) -> list[Step]:
-    """The task's steps, oldest first; ``turns`` are its finished turns, if it went on."""
+    """The task's steps, oldest first; ``turns`` are its finished turns, if it went on;
+    ``pushes`` its push notifications' outbox rows."""
     out = [s for s in (_from_record(r) for r in records) if s is not None]
     out += [_from_event(e, task.turn) for e in events]
+    out += [_from_push(p) for p in pushes]
     out.sort(key=lambda s: (s.at, s.rank))
     finished = sorted(turns, key=lambda t: t.turn)
     # each turn's message travels with the step that started it: "accepted" (recorded by

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from melchior.mellan.relay.notify import PUSH_TOPIC
+from melchior.mellan.relay.requestid import current as current_request_id
 from melchior.mellan.relay.store.base import (
     Agent,
     AuditRecord,
@@ -22,6 +23,7 @@ from melchior.mellan.relay.store.base import (
     Grant,
     NewTask,
     Outcome,
+    OverLimit,
     Record,
     Task,
     TaskEvent,
@@ -29,6 +31,7 @@ from melchior.mellan.relay.store.base import (
     TaskTurn,
     Verdict,
 )
+from melchior.policy.send_limits import Overrides
 
 
 class RowLike(Protocol):
@@ -126,7 +129,16 @@ def audit_from_row(r: RowLike) -> AuditRecord:
         rule=r["rule"],
         reason=r["reason"],
         detail=json.loads(r["detail"]),
+        request_id=_column(r, "request_id"),
     )
+
+
+def _column(r: RowLike, name: str) -> Any:
+    """A column a row may lack (one added by a later schema version)."""
+    try:
+        return r[name]
+    except (IndexError, KeyError):
+        return None
 
 
 def task_from_row(r: RowLike) -> Task:
@@ -194,6 +206,15 @@ def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) ->
             publish(topic)
 
 
+def tally_all(tally: Callable[[Sequence[str]], None] | None, names: Sequence[str]) -> None:
+    """Count what a committed transaction did (after COMMIT, like the wake-ups): a
+    relay's metrics; a failing counter must never fail the committed call."""
+    if tally is None or not names:
+        return
+    with suppress(Exception):
+        tally(names)
+
+
 # -- audit records written inside the queue change's own transaction ----------------------------
 
 
@@ -210,6 +231,7 @@ class Note:
     rule: str
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = field(default_factory=current_request_id)
 
 
 def record_note(workspace: str, record: Record | None, created: str) -> Note | None:
@@ -219,7 +241,7 @@ def record_note(workspace: str, record: Record | None, created: str) -> Note | N
         return None
     return Note(
         workspace, record.actor, record.action, record.subject or created, True, record.rule,
-        record.reason, dict(record.detail),
+        record.reason, dict(record.detail), record.request_id,
     )  # fmt: skip
 
 
@@ -339,3 +361,37 @@ def cancel_note(actor: str, rule: str, was: str, task: Task, outcome: Outcome) -
             f"the task is already {task.state.value}; only queued or running tasks cancel",
         )  # fmt: skip
     return None
+
+
+# -- send limits ---------------------------------------------------------------------------------
+
+
+def overrides_from_row(r: RowLike) -> Overrides:
+    rate = r["send_rate"]
+    return Overrides(
+        None if rate is None else float(rate),
+        r["burst"],
+        r["max_unfinished_per_receiver"],
+        r["max_queued"],
+    )
+
+
+def over_note(task: NewTask, over: OverLimit) -> Note:
+    """The ``quota.refused`` record of a new task a cap kept out: by its would-be caller,
+    about the receiver, naming the limit (rule), with the numbers."""
+    accept = task.accept
+    detail = dict(accept.detail) if accept else {}
+    detail.update(
+        limit=over.limit, count=over.count, allowed=over.allowed, retry_after=over.retry_after
+    )
+    return Note(
+        task.workspace,
+        accept.actor if accept else f"agent:{task.caller}",
+        "quota.refused",
+        f"{task.workspace}/{task.receiver}",
+        False,
+        over.limit,
+        over.reason,
+        detail,
+        accept.request_id if accept else current_request_id(),
+    )

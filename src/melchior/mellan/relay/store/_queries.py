@@ -208,6 +208,33 @@ class ReadQueries:
         )
         return [C.event_from_row(r) for r in rows]
 
+    # -- metrics ------------------------------------------------------------------------------
+    def queue_gauges(
+        self,
+    ) -> tuple[
+        dict[tuple[str, str], int], dict[tuple[str, str], int], dict[tuple[str, str], float]
+    ]:
+        """Tasks by (workspace, state); queued tasks and the oldest one's age in seconds by
+        (workspace, receiver) — two grouped reads, for a metrics scrape (cached above)."""
+        now = C.parse_ms(self.now())
+        states = self._read(
+            "SELECT workspace, state, count(*) AS n FROM task GROUP BY workspace, state"
+        )
+        queued = self._read(
+            "SELECT workspace, receiver, count(*) AS n, min(created_at) AS oldest FROM task"
+            " WHERE state = 'queued' GROUP BY workspace, receiver"
+        )
+        return (
+            {(r["workspace"], r["state"]): int(r["n"]) for r in states},
+            {(r["workspace"], r["receiver"]): int(r["n"]) for r in queued},
+            {
+                (r["workspace"], r["receiver"]): max(
+                    0.0, (now - C.parse_ms(C.iso(r["oldest"]))) / 1000
+                )
+                for r in queued
+            },
+        )
+
     # -- the dashboard ------------------------------------------------------------------------
     def _bucket_sql(self, column: str) -> str:
         """SQL for the bucket index of ``column`` given two parameters: the window's start

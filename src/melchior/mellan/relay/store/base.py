@@ -55,6 +55,8 @@ from typing import Any, NamedTuple, Protocol
 
 # Re-exported: the store's fenced writes answer in this vocabulary.
 from melchior.mellan.outcome import Outcome as Outcome
+from melchior.mellan.relay.requestid import current as current_request_id
+from melchior.policy.send_limits import Overrides
 
 
 class StoreError(Exception):
@@ -77,6 +79,14 @@ class StoreUnavailable(StoreError):
 
 class NotFoundError(StoreError):
     """A referenced workspace or agent does not exist (e.g. a grant for an unknown agent)."""
+
+
+class QuotaRefused(StoreError):
+    """``enqueue``/``enqueue_many`` met a full cap (:class:`OverLimit`); nothing stored."""
+
+    def __init__(self, over: OverLimit) -> None:
+        super().__init__(over.reason)
+        self.over = over
 
 
 class Conflict(StoreError):
@@ -152,6 +162,7 @@ class AuditRecord:
     rule: str
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None  # the HTTP request that caused it (schema v8)
 
 
 @dataclass(frozen=True)
@@ -167,6 +178,31 @@ class Record:
     reason: str
     detail: dict[str, Any] = field(default_factory=dict)
     subject: str | None = None
+    request_id: str | None = field(default_factory=current_request_id)
+    """The request it is built for (read when it is built: a batch written by another
+    task keeps each request's own id)."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Limits the enqueue transaction checks before it stores a new task (counted inside
+    it, so two replicas cannot both take the last place): the caller's unfinished tasks
+    at this receiver, and the receiver's queued tasks (:mod:`melchior.policy.send_limits`)."""
+
+    max_unfinished_per_receiver: int
+    max_queued: int
+
+
+@dataclass(frozen=True)
+class OverLimit:
+    """A new task the store refused to store because a cap was full; its ``quota.refused``
+    record was written in the same transaction. ``limit`` names the cap."""
+
+    limit: str
+    count: int
+    allowed: int
+    reason: str
+    retry_after: int
 
 
 class Verdict(NamedTuple):
@@ -234,6 +270,15 @@ class PushDelivery:
     created_at: str
     secret: str
     allow_private: bool
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one batch did: ``deleted`` tasks; ``busy`` when another replica held the lock
+    (and this one did nothing)."""
+
+    deleted: int
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,6 +370,7 @@ class NewTask:
     max_attempts: int = 3
     accept: Record | None = None  # recorded (task.accept) when the task is created
     push: NewPush | None = None  # a push config stored with the task (same transaction)
+    caps: Caps | None = None  # checked in the enqueue transaction (None: no caps)
 
 
 @dataclass(frozen=True)
@@ -501,6 +547,13 @@ class Store(Protocol):
         """Apply pending schema migrations; return the schema version now in force."""
         ...
 
+    latest_schema: int
+    """The schema version this code writes (what ``migrate`` brings a database to)."""
+
+    def schema_version(self) -> int:
+        """The schema version the database is at (0: empty)."""
+        ...
+
     def close(self) -> None: ...
 
     def now(self) -> str:
@@ -632,7 +685,48 @@ class Store(Protocol):
         ...
 
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
-        """``enqueue`` for several tasks in one transaction (one commit); in input order."""
+        """``enqueue`` for several tasks in one transaction (one commit); in input order.
+        A task over its ``caps`` raises :class:`QuotaRefused` (use :meth:`admit`)."""
+        ...
+
+    def admit(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool] | OverLimit]:
+        """``enqueue_many`` that checks each new task's ``caps`` inside the transaction:
+        a task over a cap is not stored, its ``quota.refused`` record (actor and detail
+        from its ``accept`` record) is, and :class:`OverLimit` takes its place in the
+        answer. A resend of a message already stored is never refused."""
+        ...
+
+    def queue_gauges(
+        self,
+    ) -> tuple[
+        dict[tuple[str, str], int], dict[tuple[str, str], int], dict[tuple[str, str], float]
+    ]:
+        """For metrics: tasks by (workspace, state); by (workspace, receiver) the queued
+        tasks and the age in seconds of the oldest (database clock)."""
+        ...
+
+    def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
+        """Install the after-commit counter callback (the relay's metrics)."""
+        ...
+
+    # -- send limits (schema v8) ------------------------------------------------------------
+    def limit_overrides(self, workspace: str) -> dict[str, Overrides]:
+        """Every stored limit of the workspace: agent id → its overrides, and ``'*'`` →
+        the workspace defaults (absent: nothing stored)."""
+        ...
+
+    def set_limits(
+        self,
+        workspace: str,
+        agent: str,
+        values: Overrides,
+        *,
+        reset: bool = False,
+        record: Record | None = None,
+    ) -> Overrides:
+        """Store ``agent``'s (or ``'*'``: the workspace's) overrides: the values given
+        replace, None keeps what is stored; ``reset`` first forgets every stored value.
+        Returns what is stored now. :class:`NotFoundError` for an unknown agent."""
         ...
 
     def get_task(self, workspace: str, task_id: str) -> Task | None: ...
@@ -734,6 +828,18 @@ class Store(Protocol):
         input_required: bool = False,
         actor: str | None = None,
     ) -> Verdict: ...
+
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        """Extend several leases ``(task_id, epoch)`` in one transaction; outcomes in input
+        order, each as ``renew`` would answer (a busy receiver pays one commit, not one
+        per running task)."""
+        ...
 
     def complete_many(
         self, items: Sequence[tuple[str, int, str]], *, actor: str | None = None
@@ -911,6 +1017,23 @@ class Store(Protocol):
     def set_push_allow_private(
         self, workspace: str, allowed: bool, *, record: Record | None = None
     ) -> None: ...
+
+    # -- retention --------------------------------------------------------------------------------
+    def workspaces(self) -> list[str]:
+        """Every workspace's name (retention goes through them one by one)."""
+        ...
+
+    def purge_finished(
+        self, workspace: str, age_seconds: float, *, limit: int = 500,
+        record: Record | None = None,
+    ) -> Purged:  # fmt: skip
+        """Delete up to ``limit`` tasks of ``workspace`` that reached a terminal state more
+        than ``age_seconds`` ago, oldest first, with their events, turns, messageIds, push
+        configs and outbox rows, in one transaction (with ``record``, one audit record of
+        the batch). The audit log is kept. Tasks not finished are never touched, however
+        old. Another replica purging at the same moment makes this one do nothing
+        (``busy``) rather than wait. Loop until fewer than ``limit`` are deleted."""
+        ...
 
     # -- task routes (schema v7) ------------------------------------------------------------------
     # A route says how one receiving agent runs one capability. The agent proposes it

@@ -292,6 +292,24 @@ SQLITE: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE agent ADD COLUMN wake_url TEXT",
         "ALTER TABLE agent ADD COLUMN wake_secret TEXT",
     ),
+    # v8 — operations: the request id in every audit record (which request made the
+    # decision), per-agent send limits and workspace defaults (agent '*'), and an index
+    # the enqueue transaction counts a caller's unfinished tasks at a receiver by
+    (
+        "ALTER TABLE audit ADD COLUMN request_id TEXT",
+        """CREATE TABLE agent_limits (
+            workspace TEXT NOT NULL REFERENCES workspace(name),
+            agent TEXT NOT NULL,
+            send_rate REAL,
+            burst INTEGER,
+            max_unfinished_per_receiver INTEGER,
+            max_queued INTEGER,
+            updated_at INTEGER NOT NULL,
+            PRIMARY KEY (workspace, agent)
+        ) STRICT""",
+        """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
+           WHERE state IN ('queued','leased','input_required')""",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -564,7 +582,40 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE agent ADD COLUMN wake_url text",
         "ALTER TABLE agent ADD COLUMN wake_secret text",
     ),
+    # v8 — operations (see the SQLite v8 for the why)
+    (
+        "ALTER TABLE audit ADD COLUMN request_id text",
+        """CREATE TABLE agent_limits (
+            workspace text NOT NULL REFERENCES workspace(name),
+            agent text NOT NULL,
+            send_rate double precision,
+            burst integer,
+            max_unfinished_per_receiver integer,
+            max_queued integer,
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workspace, agent)
+        )""",
+        """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
+           WHERE state IN ('queued','leased','input_required')""",
+    ),
 )
 
 LATEST_SQLITE = len(SQLITE)
 LATEST_POSTGRES = len(POSTGRES)
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was upgraded by a newer mellan than this one.
+
+    An old replica must not run on it: it would read and write tables whose rules it does
+    not know (e.g. a column a newer trigger relies on), so it refuses before serving."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the database schema is at version {found}, newer than this mellan knows "
+            f"(version {known}): a newer relay upgraded it. Upgrade this replica to the "
+            "newer mellan (schema upgrades only move forward; see 'Schema upgrades' in "
+            "docs/operations.md)"
+        )
+        self.found = found
+        self.known = known

@@ -61,6 +61,7 @@ class _Tx:
 
     cur: psycopg.Cursor[Row]
     topics: list[str] = field(default_factory=list)
+    tallies: list[str] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Row | None:
         self.cur.execute(sql, params)
@@ -161,14 +162,14 @@ class _Tx:
 
     def insert_audit(self, notes: Sequence[C.Note]) -> list[int]:
         """One multi-row INSERT: one round trip for a claim of 50, not 50."""
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(notes))
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(notes))
         params: list[Any] = []
         for n in notes:
             params += [n.workspace, n.actor, n.action, n.subject, n.allowed, n.rule, n.reason,
-                       json.dumps(n.detail)]  # fmt: skip
+                       json.dumps(n.detail), n.request_id]  # fmt: skip
         rows = self.all(
-            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail)"
-            f" VALUES {values} RETURNING seq",
+            "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason, detail,"
+            f" request_id) VALUES {values} RETURNING seq",
             params,
         )
         return sorted(int(r["seq"]) for r in rows)
@@ -197,6 +198,18 @@ class _Tx:
             (workspace, caller, message_id),
         )
 
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """Which (workspace, caller, message id)s the ledger already holds: one round trip."""
+        if not keys:
+            return set()
+        rows = self.all(
+            "SELECT m.workspace, m.caller, m.message_id FROM task_message m"
+            " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(w, c, id)"
+            " ON m.workspace = k.w AND m.caller = k.c AND m.message_id = k.id",
+            ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
+        )
+        return {(r["workspace"], r["caller"], r["message_id"]) for r in rows}
+
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[Row | None]:
         """All inserts in one pipelined ``executemany`` (one round trip for the batch); a
         dedupe hit returns no row."""
@@ -222,6 +235,57 @@ class _Tx:
             if not self.cur.nextset():
                 break
         return inserted
+
+    # -- send limits ----------------------------------------------------------------------
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Take each receiver's transaction-scoped advisory lock, in one order (no
+        deadlock between two batches): enqueues to one receiver count and insert one at a
+        time across every replica, so two cannot both take the last place under a cap."""
+        for workspace, receiver in sorted(set(keys)):
+            self.run(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"mellan-cap:{workspace}/{receiver}",),
+            )
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
+            " AND caller = %s AND state IN ('queued','leased','input_required') LIMIT %s)"
+            " AS capped",
+            (workspace, receiver, caller, upto),
+        )
+        return int(row["n"]) if row else 0
+
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
+            " AND state = 'queued' LIMIT %s) AS capped",
+            (workspace, receiver, upto),
+        )
+        return int(row["n"]) if row else 0
+
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
+        self.run(
+            "INSERT INTO agent_limits (workspace, agent, send_rate, burst,"
+            " max_unfinished_per_receiver, max_queued, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, now())"
+            " ON CONFLICT (workspace, agent) DO UPDATE SET"
+            " send_rate = COALESCE(excluded.send_rate, agent_limits.send_rate),"
+            " burst = COALESCE(excluded.burst, agent_limits.burst),"
+            " max_unfinished_per_receiver = COALESCE(excluded.max_unfinished_per_receiver,"
+            " agent_limits.max_unfinished_per_receiver),"
+            " max_queued = COALESCE(excluded.max_queued, agent_limits.max_queued),"
+            " updated_at = excluded.updated_at",
+            (workspace, agent, *values),
+        )
+
+    def delete_limits(self, workspace: str, agent: str) -> None:
+        self.run("DELETE FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent))
+
+    def limits_row(self, workspace: str, agent: str) -> Row | None:
+        return self.one(
+            "SELECT * FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent)
+        )
 
     def archive_turn(self, task_id: str) -> None:
         self.run(
@@ -364,7 +428,7 @@ class _Tx:
             " UPDATE task t SET state = %s, result = pick.res, lease_owner = NULL,"
             f" lease_expires_at = NULL, finished_at = {_NOW}, updated_at = {_NOW}"
             " FROM pick WHERE t.id = pick.id AND t.lease_epoch = pick.ep AND t.state = 'leased'"
-            " RETURNING t.id, t.workspace, t.receiver, t.session_key, pick.n",
+            " RETURNING t.id, t.workspace, t.receiver, t.session_key, t.attempt, pick.n",
             ([i[0] for i in items], [i[1] for i in items], [i[2] for i in items], state),
         )
         return {int(r["n"]) - 1: r for r in rows}
@@ -381,7 +445,7 @@ class _Tx:
             f" run_after = {_NOW} + %(backoff)s {_MS}, error = %(err)s,"
             f" lease_owner = NULL, lease_expires_at = NULL, updated_at = {_NOW}"
             " WHERE id = %(id)s AND lease_epoch = %(ep)s AND state = 'leased'"
-            " RETURNING workspace, receiver",
+            " RETURNING workspace, receiver, state, attempt",
             {"retry": retry, "backoff": backoff_ms, "err": error, "id": task_id, "ep": epoch},
         )
 
@@ -666,6 +730,29 @@ class _Tx:
             == 1
         )
 
+    # -- retention (see store/retention.py) ----------------------------------------------------
+    def retention_lock(self) -> bool:
+        row = self.one("SELECT pg_try_advisory_xact_lock(%s) AS got", (RETENTION_LOCK,))
+        return bool(row and row["got"])
+
+    def finished_before(self, workspace: str, age_ms: int, limit: int) -> list[str]:
+        rows = self.all(
+            "SELECT id FROM task WHERE workspace = %s AND finished_at IS NOT NULL"
+            f" AND finished_at < {_NOW} - %s::bigint {_MS}"
+            " AND state IN ('succeeded', 'failed', 'cancelled')"
+            " ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            (workspace, age_ms, limit),
+        )
+        return [r["id"] for r in rows]
+
+    def delete_tasks(self, ids: Sequence[str], tables: Sequence[str]) -> int:
+        for table in tables:
+            self.run(f"DELETE FROM {table} WHERE task_id = ANY(%s)", (list(ids),))
+        return self.run("DELETE FROM task WHERE id = ANY(%s)", (list(ids),))
+
+
+RETENTION_LOCK = 0x6D656C6C616E  # "mellan": the advisory lock key purges take turns on
+
 
 def _retryable(exc: BaseException) -> bool:
     """Serialization/deadlock aborts, a claim racing on a session slot, and two approvals
@@ -681,6 +768,7 @@ class PostgresStore(QueueStore):
     """:class:`~melchior.mellan.relay.store.base.Store` on PostgreSQL (psycopg 3, sync)."""
 
     P = "%s"  # the placeholder for the shared reads in ReadQueries
+    latest_schema = migrations.LATEST_POSTGRES
     NOW_SQL = "clock_timestamp()"  # the wall clock, not the transaction's start
 
     def __init__(
@@ -749,6 +837,7 @@ class PostgresStore(QueueStore):
             except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
                 raise self._lost(exc, unclear=done, backend=backend) from exc
             C.publish_all(self._publish, tx.topics)
+            C.tally_all(self.tally, tx.tallies)
             return result
         raise AssertionError("unreachable")
 
@@ -804,6 +893,8 @@ class PostgresStore(QueueStore):
             )
             row = tx.one("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version")
             current = int(row["v"]) if row else 0
+            if current > migrations.LATEST_POSTGRES:
+                raise migrations.SchemaTooNew(current, migrations.LATEST_POSTGRES)
             if current >= goal:
                 return current, True
             for stmt in migrations.POSTGRES[current]:

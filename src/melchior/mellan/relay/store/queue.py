@@ -42,6 +42,8 @@ from melchior.mellan.relay.store.base import (
     NewTask,
     NotFoundError,
     Outcome,
+    OverLimit,
+    QuotaRefused,
     Record,
     StoreError,
     Task,
@@ -50,7 +52,9 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
+from melchior.mellan.relay.store.retention import Retention, RetentionTx
 from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
+from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
 T = TypeVar("T")
 Row = C.RowLike
@@ -61,7 +65,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(PushTx, RouteTx, Protocol):
+class Tx(PushTx, RetentionTx, RouteTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -69,6 +73,8 @@ class Tx(PushTx, RouteTx, Protocol):
     """
 
     topics: list[str]
+    tallies: list[str]
+    """What the transaction did, counted after COMMIT (:data:`TALLIES`)."""
 
     # -- control plane ------------------------------------------------------------------------
     def workspace_exists(self, workspace: str) -> bool: ...
@@ -99,8 +105,18 @@ class Tx(PushTx, RouteTx, Protocol):
         ...
 
     def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None: ...
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]: ...
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> Sequence[Row | None]: ...
     def archive_turn(self, task_id: str) -> None: ...
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Serialize enqueues to these (workspace, receiver)s until COMMIT."""
+        ...
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int: ...
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int: ...
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None: ...
+    def delete_limits(self, workspace: str, agent: str) -> None: ...
+    def limits_row(self, workspace: str, agent: str) -> Row | None: ...
     def next_turn(
         self, task_id: str, payload: str, chain: str, hop: int, path: str
     ) -> Row | None: ...
@@ -137,12 +153,34 @@ class Tx(PushTx, RouteTx, Protocol):
     def revoke_enrollment(self, workspace: str, code_hash: str) -> Row | None: ...
 
 
-class QueueStore(ReadQueries, PushQueue, RouteQueue):
+TALLIES = (
+    "accepted",
+    "claimed",
+    "completed:succeeded",
+    "completed:input_required",
+    "failed:requeued",
+    "failed:failed",
+    "cancelled",
+    "lease_expired:requeued",
+    "lease_expired:failed",
+    "quota_refused:max-unfinished-per-receiver",
+    "quota_refused:max-queued",
+    "attempts:N",  # a turn finished (succeeded, input_required, failed) after N attempts
+)
+"""The names a store tallies, each once per task it concerns (the relay's counters)."""
+
+
+class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
-    lifecycle (migrate, close, now, settle)."""
+    lifecycle (migrate, close, now, settle). ``tally``, when set, hears after each COMMIT
+    what the transaction did (:data:`TALLIES`), so counters count committed work only."""
 
     cancel_grace_ms: int
+    tally: Callable[[Sequence[str]], None] | None = None
+
+    def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
+        self.tally = tally
 
     def _transact(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction; publish ``tx.topics`` after COMMIT."""
@@ -310,51 +348,141 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
 
         return self._transact(go)
 
+    # -- send limits ------------------------------------------------------------------------
+    def limit_overrides(self, workspace: str) -> dict[str, Overrides]:
+        rows = self._read(f"SELECT * FROM agent_limits WHERE workspace = {self.P}", (workspace,))
+        return {r["agent"]: C.overrides_from_row(r) for r in rows}
+
+    def set_limits(
+        self,
+        workspace: str,
+        agent: str,
+        values: Overrides,
+        *,
+        reset: bool = False,
+        record: Record | None = None,
+    ) -> Overrides:
+        def go(tx: Tx) -> Overrides:
+            _need_workspace(tx, workspace)
+            if agent != "*" and not tx.agent_exists(workspace, agent):
+                raise NotFoundError(f"no agent {agent!r} in workspace {workspace!r}")
+            if reset:
+                tx.delete_limits(workspace, agent)
+            if any(v is not None for v in values):
+                tx.upsert_limits(workspace, agent, list(values))
+            self._notes(tx, [C.record_note(workspace, record, agent)])
+            row = tx.limits_row(workspace, agent)
+            return Overrides() if row is None else C.overrides_from_row(row)
+
+        return self._transact(go)
+
     # -- tasks: caller side -----------------------------------------------------------------
     def enqueue(self, task: NewTask) -> tuple[Task, bool]:
         return self.enqueue_many([task])[0]
 
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        out: list[tuple[Task, bool]] = []
+        for item in self.admit(tasks):
+            if isinstance(item, OverLimit):
+                raise QuotaRefused(item)
+            out.append(item)
+        return out
+
+    @staticmethod
+    def _over_caps(tx: Tx, tasks: Sequence[NewTask]) -> dict[int, OverLimit]:
+        """The new tasks of a batch that a cap refuses, counted in this transaction (with
+        the receivers locked) and in input order, so a batch fills a cap exactly."""
+        capped = [k for k, t in enumerate(tasks) if t.caps is not None]
+        if not capped:
+            return {}
+        tx.lock_receivers([(tasks[k].workspace, tasks[k].receiver) for k in capped])
+        unfinished: dict[tuple[str, str, str], int] = {}
+        queued: dict[tuple[str, str], int] = {}
+        over: dict[int, OverLimit] = {}
+        known = tx.known_messages(
+            [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "")
+             for k in capped if tasks[k].message_id is not None]
+        )  # fmt: skip
+        for k in capped:
+            t, caps = tasks[k], tasks[k].caps
+            assert caps is not None
+            if t.message_id is not None and (t.workspace, t.caller, t.message_id) in known:
+                continue  # a resend finds its task; it takes no new place
+            ku, kq = (t.workspace, t.caller, t.receiver), (t.workspace, t.receiver)
+            if ku not in unfinished:
+                upto = caps.max_unfinished_per_receiver + 1
+                unfinished[ku] = tx.count_unfinished(t.workspace, t.caller, t.receiver, upto)
+            if kq not in queued:
+                queued[kq] = tx.count_queued(t.workspace, t.receiver, caps.max_queued + 1)
+            for limit, count, allowed in (
+                (UNFINISHED, unfinished[ku], caps.max_unfinished_per_receiver),
+                (QUEUED, queued[kq], caps.max_queued),
+            ):
+                decision, retry = cap(limit, count, allowed, t.receiver)
+                if not decision:
+                    over[k] = OverLimit(limit, count, allowed, decision.reason, retry)
+                    break
+            else:
+                unfinished[ku] += 1
+                queued[kq] += 1
+        return over
+
+    def admit(self, tasks: Sequence[NewTask]) -> list[tuple[Task, bool] | OverLimit]:
         if any(t.max_attempts < 1 for t in tasks):
             raise ValueError("max_attempts must be at least 1")
         if not tasks:
             return []
 
-        def go(tx: Tx) -> list[tuple[Task, bool]]:
-            # Every caller message goes in the ledger first: a messageId already there (a
-            # resend, or a reuse the door will name) stores no second task.
-            ids = [C.new_id() for _ in tasks]
-            keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
-            fresh = tx.insert_messages(
-                [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
-                 for k in keyed]
-            )  # fmt: skip
-            seen = {k for k, ok in zip(keyed, fresh, strict=True) if not ok}
-            new = [k for k in range(len(tasks)) if k not in seen]
-            rows = dict(zip(new, tx.insert_tasks([(ids[k], tasks[k]) for k in new]), strict=True))
-            out: list[tuple[Task, bool]] = []
-            for k, task in enumerate(tasks):
-                row = rows.get(k)
-                if row is not None:
-                    tx.topics += [
-                        receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
-                    ]  # fmt: skip
-                    if task.push is not None:
-                        self._add_push(
-                            tx, task.workspace, row["id"], task.caller, task.push,
-                            PUSH_LIMIT, with_task=True,
-                        )  # fmt: skip
-                    out.append((C.task_from_row(row), True))
-                    continue
-                ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
-                existing = None if ref is None else tx.task_row(ref["task_id"])
-                if existing is None:  # only a message already sent can suppress the insert
-                    raise StoreError("enqueue: insert suppressed without a duplicate")
-                out.append((C.task_from_row(existing), False))
-            self._notes(tx, C.accept_notes(tasks, out))
+        def go(tx: Tx) -> list[tuple[Task, bool] | OverLimit]:
+            over = self._over_caps(tx, tasks)
+            taken = [k for k in range(len(tasks)) if k not in over]
+            stored = self._store_tasks(tx, [tasks[k] for k in taken])
+            placed: dict[int, tuple[Task, bool] | OverLimit] = {**over}
+            placed.update(zip(taken, stored, strict=True))
+            out = [placed[k] for k in range(len(tasks))]
+            self._notes(tx, [C.over_note(tasks[k], o) for k, o in over.items()])
+            tx.tallies += [f"quota_refused:{o.limit}" for o in over.values()]
             return out
 
         return self._transact(go)
+
+    def _store_tasks(self, tx: Tx, tasks: Sequence[NewTask]) -> list[tuple[Task, bool]]:
+        """Store new tasks (with their accept records) in the open transaction."""
+        if not tasks:
+            return []
+        # Every caller message goes in the ledger first: a messageId already there (a
+        # resend, or a reuse the door will name) stores no second task.
+        ids = [C.new_id() for _ in tasks]
+        keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
+        fresh = tx.insert_messages(
+            [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
+             for k in keyed]
+        )  # fmt: skip
+        seen = {k for k, ok in zip(keyed, fresh, strict=True) if not ok}
+        new = [k for k in range(len(tasks)) if k not in seen]
+        rows = dict(zip(new, tx.insert_tasks([(ids[k], tasks[k]) for k in new]), strict=True))
+        out: list[tuple[Task, bool]] = []
+        for k, task in enumerate(tasks):
+            row = rows.get(k)
+            if row is not None:
+                tx.topics += [
+                    receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
+                ]  # fmt: skip
+                if task.push is not None:
+                    self._add_push(
+                        tx, task.workspace, row["id"], task.caller, task.push,
+                        PUSH_LIMIT, with_task=True,
+                    )  # fmt: skip
+                out.append((C.task_from_row(row), True))
+                tx.tallies.append("accepted")
+                continue
+            ref = tx.message_ref(task.workspace, task.caller, task.message_id or "")
+            existing = None if ref is None else tx.task_row(ref["task_id"])
+            if existing is None:  # only a message already sent can suppress the insert
+                raise StoreError("enqueue: insert suppressed without a duplicate")
+            out.append((C.task_from_row(existing), False))
+        self._notes(tx, C.accept_notes(tasks, out))
+        return out
 
     def cancel(
         self, workspace: str, task_id: str, *, actor: str | None = None, rule: str = "caller"
@@ -365,6 +493,7 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
             row = tx.cancel_task(workspace, task_id, self.cancel_grace_ms)
             if row is not None:
                 tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+                tx.tallies.append("cancelled")
                 task, outcome = C.task_from_row(row), Outcome.OK
             else:
                 row = tx.task_row(task_id, workspace)
@@ -429,6 +558,10 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
         rows = tx.settle_expired(workspace, receiver)
         for r in rows:
             tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
+            if r["state"] == "failed":
+                tx.tallies += ["lease_expired:failed", f"attempts:{r['attempt']}"]
+            elif r["state"] == "queued":  # (a cancel's grace running out is no expiry)
+                tx.tallies.append("lease_expired:requeued")
         self._notes(
             tx,
             [
@@ -464,6 +597,7 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
                 tx.topics.append(task_topic(task.id))
                 route = routes.get(task.capability)
                 leases.append(Lease(task, task.lease_epoch, C.iso(r["lease_expires_at"]), route))
+                tx.tallies.append("claimed")
             if actor is not None:
                 self._notes(tx, [C.claim_note(actor, x.task, x.expires_at) for x in leases])
             return leases
@@ -535,6 +669,27 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
 
         return self._transact(go)
 
+    def renew_many(
+        self,
+        items: Sequence[tuple[str, int]],
+        *,
+        lease_seconds: float = 30.0,
+        actor: str | None = None,
+    ) -> list[Verdict]:
+        if not items:
+            return []
+        ttl = round(lease_seconds * 1000)
+
+        def go(tx: Tx) -> list[Verdict]:
+            return [
+                Verdict(Outcome.OK)
+                if tx.renew(task_id, epoch, ttl)
+                else self._not_live(tx, task_id, epoch, actor, "task.renew")
+                for task_id, epoch in items
+            ]
+
+        return self._transact(go)
+
     def progress(
         self, task_id: str, epoch: int, kind: str, body: str, *, actor: str | None = None
     ) -> Verdict:
@@ -572,6 +727,7 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
                 continue
             ok = Verdict(Outcome.OK)
             verdicts.append(ok)
+            tx.tallies += [f"completed:{state}", f"attempts:{r['attempt']}"]
             if fence is not None:
                 notes.append(fence.note(r["workspace"], tid, ep, ok))
             tx.topics.append(task_topic(tid))
@@ -625,6 +781,10 @@ class QueueStore(ReadQueries, PushQueue, RouteQueue):
             if fence is not None:
                 self._notes(tx, [fence.note(row["workspace"], task_id, epoch, ok)])
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
+            if row["state"] == "failed":
+                tx.tallies += ["failed:failed", f"attempts:{row['attempt']}"]
+            else:
+                tx.tallies.append("failed:requeued")
             return ok
 
         return self._transact(go)

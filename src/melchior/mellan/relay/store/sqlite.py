@@ -52,6 +52,7 @@ class _Tx:
     now: int
     grace_ms: int = 0
     topics: list[str] = field(default_factory=list)
+    tallies: list[str] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
@@ -154,9 +155,9 @@ class _Tx:
         for n in notes:
             row = self.one(
                 "INSERT INTO audit (workspace, at, actor, action, subject, allowed, rule,"
-                " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                " reason, detail, request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
                 (n.workspace, self.now, n.actor, n.action, n.subject, int(n.allowed), n.rule,
-                 n.reason, json.dumps(n.detail)),
+                 n.reason, json.dumps(n.detail), n.request_id),
             )  # fmt: skip
             assert row is not None
             seqs.append(int(row[0]))
@@ -181,6 +182,11 @@ class _Tx:
             (workspace, caller, message_id),
         )
 
+    def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """Which (workspace, caller, message id)s the ledger already holds (in-process
+        reads: one prepared statement each is as cheap as one query here)."""
+        return {k for k in keys if self.message_ref(*k) is not None}
+
     def insert_tasks(self, tasks: Sequence[tuple[str, NewTask]]) -> list[sqlite3.Row | None]:
         """One prepared INSERT per task; a dedupe hit inserts nothing and answers None."""
         rows: list[sqlite3.Row | None] = []
@@ -202,6 +208,48 @@ class _Tx:
                 )
             )
         return rows
+
+    # -- send limits ----------------------------------------------------------------------
+    def lock_receivers(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Nothing to take: BEGIN IMMEDIATE already made this the only writer."""
+
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
+            " AND caller = ? AND state IN ('queued','leased','input_required') LIMIT ?)",
+            (workspace, receiver, caller, upto),
+        )
+        return int(row[0]) if row else 0
+
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
+        row = self.one(
+            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
+            " AND state = 'queued' LIMIT ?)",
+            (workspace, receiver, upto),
+        )
+        return int(row[0]) if row else 0
+
+    def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
+        self.run(
+            "INSERT INTO agent_limits (workspace, agent, send_rate, burst,"
+            " max_unfinished_per_receiver, max_queued, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (workspace, agent) DO UPDATE SET"
+            " send_rate = COALESCE(excluded.send_rate, send_rate),"
+            " burst = COALESCE(excluded.burst, burst),"
+            " max_unfinished_per_receiver = COALESCE(excluded.max_unfinished_per_receiver,"
+            " max_unfinished_per_receiver),"
+            " max_queued = COALESCE(excluded.max_queued, max_queued),"
+            " updated_at = excluded.updated_at",
+            (workspace, agent, *values, self.now),
+        )
+
+    def delete_limits(self, workspace: str, agent: str) -> None:
+        self.run("DELETE FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent))
+
+    def limits_row(self, workspace: str, agent: str) -> sqlite3.Row | None:
+        return self.one(
+            "SELECT * FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent)
+        )
 
     def archive_turn(self, task_id: str) -> None:
         self.run(
@@ -333,7 +381,7 @@ class _Tx:
                 "UPDATE task SET state = :st, result = :res, lease_owner = NULL,"
                 " lease_expires_at = NULL, finished_at = :now, updated_at = :now"
                 " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-                " RETURNING workspace, receiver, session_key",
+                " RETURNING workspace, receiver, session_key, attempt",
                 {"st": state, "res": result, "now": self.now, "id": task_id, "ep": epoch},
             )
             if row is not None:
@@ -352,7 +400,7 @@ class _Tx:
             " run_after = :now + :backoff, error = :err, lease_owner = NULL,"
             " lease_expires_at = NULL, updated_at = :now"
             " WHERE id = :id AND lease_epoch = :ep AND state = 'leased'"
-            " RETURNING workspace, receiver",
+            " RETURNING workspace, receiver, state, attempt",
             {"retry": int(retry), "now": self.now, "backoff": backoff_ms, "err": error,
              "id": task_id, "ep": epoch},
         )  # fmt: skip
@@ -637,6 +685,25 @@ class _Tx:
             == 1
         )
 
+    # -- retention (see store/retention.py) ----------------------------------------------------
+    def retention_lock(self) -> bool:
+        return True  # one writer at a time: this transaction is the only one
+
+    def finished_before(self, workspace: str, age_ms: int, limit: int) -> list[str]:
+        rows = self.all(
+            "SELECT id FROM task WHERE workspace = ? AND finished_at IS NOT NULL"
+            " AND finished_at < ? AND state IN ('succeeded', 'failed', 'cancelled')"
+            " ORDER BY finished_at LIMIT ?",
+            (workspace, self.now - age_ms, limit),
+        )
+        return [r["id"] for r in rows]
+
+    def delete_tasks(self, ids: Sequence[str], tables: Sequence[str]) -> int:
+        marks = ", ".join("?" * len(ids))
+        for table in tables:
+            self.run(f"DELETE FROM {table} WHERE task_id IN ({marks})", list(ids))
+        return self.run(f"DELETE FROM task WHERE id IN ({marks})", list(ids))
+
 
 _GROUP_MAX = 64  # calls per group commit at most, so one group cannot grow forever
 
@@ -663,6 +730,7 @@ class SQLiteStore(QueueStore):
     """:class:`~melchior.mellan.relay.store.base.Store` on a SQLite file."""
 
     P = "?"  # the placeholder for the shared reads in ReadQueries
+    latest_schema = migrations.LATEST_SQLITE
     NOW_SQL = f"({_NOW_MS})"  # now as stored: integer ms since the epoch
 
     def _bucket_sql(self, column: str) -> str:
@@ -824,6 +892,7 @@ class SQLiteStore(QueueStore):
                 raise StoreUnavailable(f"sqlite: {failure}") from failure
             raise failure
         C.publish_all(self._publish, tx.topics)
+        C.tally_all(self.tally, tx.tallies)
 
     def _finish_group(self, group: _Group) -> None:
         """COMMIT (or, if a member could not be isolated, roll back) the open group and
@@ -858,6 +927,7 @@ class SQLiteStore(QueueStore):
                     conn.execute("ROLLBACK")
                 raise
         C.publish_all(self._publish, tx.topics)
+        C.tally_all(self.tally, tx.tallies)
 
     def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
         """Nothing to wait for: a SQLite COMMIT has happened or not by the time the call
@@ -880,6 +950,8 @@ class SQLiteStore(QueueStore):
                 )
                 row = tx.one("SELECT COALESCE(MAX(version), 0) FROM schema_version")
                 current = int(row[0]) if row else 0
+                if current > migrations.LATEST_SQLITE:
+                    raise migrations.SchemaTooNew(current, migrations.LATEST_SQLITE)
                 if current >= goal:
                     return current
                 for stmt in migrations.SQLITE[current]:

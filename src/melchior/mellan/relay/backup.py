@@ -1,0 +1,100 @@
+"""``mellan relay backup PATH``: a consistent copy of a running relay's SQLite database.
+
+SQLite's online backup API copies the database from one read snapshot. The relay runs in
+WAL mode, where a reader never blocks the writer, so the copy is taken in a single step:
+one consistent moment, however busy the relay is. (Copying in small steps would release
+the snapshot between steps, and every write by the relay would restart the copy — under
+a steady load it might never finish.) Unlike ``cp`` of a live database with its ``-wal``
+file beside it, the result is always a usable database; it is checked before it counts.
+The copy is written to a hidden temporary file next to PATH and renamed into place only
+when complete and checked, so PATH is never a half-written file.
+PostgreSQL is backed up with its own tools (``pg_dump``; docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from melchior.mellan.relay.store import default_sqlite_path, is_postgres
+
+
+class BackupError(Exception):
+    """A backup that cannot be taken; the message says why."""
+
+
+def sqlite_path(url: str | None) -> Path:
+    """The file a SQLite database URL (or bare path, or None = the default) names."""
+    if url is None:
+        return default_sqlite_path()
+    if is_postgres(url):
+        raise BackupError(
+            "the relay's database is PostgreSQL: back it up with pg_dump (see 'Backups' in "
+            "docs/operations.md), e.g. pg_dump --format=custom --file relay.dump '<URL>'"
+        )
+    if url.startswith("sqlite://"):
+        rest = url[len("sqlite://") :]
+        if not rest.startswith("/"):
+            raise BackupError(f"sqlite URL needs an absolute path: {url!r}")
+        return Path(rest)
+    if "://" in url:
+        raise BackupError(f"unsupported database URL: {url!r}")
+    return Path(url)
+
+
+def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
+    """Copy ``source`` to ``target`` with the backup API; returns the number of pages."""
+    if not source.exists():
+        raise BackupError(f"no database at {source}")
+    if target.exists() and target.resolve() == source.resolve():
+        raise BackupError("the backup would overwrite the database itself")
+    if not target.parent.is_dir():
+        raise BackupError(f"directory {target.parent} does not exist")
+    partial = target.with_name(f".{target.name}.partial")
+    partial.unlink(missing_ok=True)
+    # owner-only from the first byte: the copy holds credential hashes and payloads
+    os.close(os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    dst = sqlite3.connect(partial)
+
+    def progress(status: int, remaining: int, total: int) -> None:
+        percent = 100 * (total - remaining) // total if total else 100
+        print(f"mellan relay backup: {percent}% ({total - remaining}/{total} pages)",
+              file=err, flush=True)  # fmt: skip
+
+    try:
+        src.execute("PRAGMA busy_timeout = 30000")
+        pages = int(src.execute("PRAGMA page_count").fetchone()[0])
+        size = int(src.execute("PRAGMA page_size").fetchone()[0]) * pages
+        print(f"mellan relay backup: copying {source} ({pages} pages, {size / 2**20:.1f} MiB) "
+              "from one snapshot", file=err, flush=True)  # fmt: skip
+        src.backup(dst, pages=-1, progress=progress)  # one step: one snapshot
+        dst.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
+        check = dst.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise BackupError(f"the copy failed its integrity check: {check}")
+        pages = int(dst.execute("PRAGMA page_count").fetchone()[0])
+    except (sqlite3.Error, BackupError) as exc:
+        dst.close()
+        partial.unlink(missing_ok=True)
+        raise BackupError(f"backup of {source} failed: {exc}") from None
+    finally:
+        src.close()
+    dst.close()
+    os.replace(partial, target)
+    return pages
+
+
+def backup_command(database: str | None, target: Path) -> int:
+    try:
+        source = sqlite_path(database)
+        pages = backup(source, target)
+    except BackupError as exc:
+        print(f"mellan relay backup: {exc}", file=sys.stderr)
+        return 1
+    print(f"mellan relay backup: {source} copied to {target} ({pages} pages, consistent)",
+          file=sys.stderr)  # fmt: skip
+    return 0
