@@ -47,6 +47,10 @@ STATE_EVERY = 0.5
 STATE_HEARTBEAT = 5.0
 
 
+class _Refused(Exception):
+    """The relay refuses to hand this receiver work for a reason retrying cannot fix."""
+
+
 class _Stopped(Exception):
     """The claim loop ended because the receiver is stopping."""
 
@@ -148,6 +152,9 @@ class Receiver:
                 raise _Stopped  # asked to stop before the group was watched: end it all
         except* _Stopped:
             pass
+        except* _Refused as group:
+            self._supervising = False
+            self.stop(str(group.exceptions[0]), EXIT_CONFIG)
         except* WakeError as group:
             self._supervising = False
             self.stop(str(group.exceptions[0]), EXIT_CONFIG)
@@ -236,6 +243,10 @@ class Receiver:
             except ReceiverError as exc:
                 if exc.status == 401:
                     raise Revoked(revoked_reason(exc)) from exc
+                if exc.status == 403:  # an owner credential, or no client certificate (mTLS)
+                    raise _Refused(
+                        f"the relay refuses this receiver's claims: {exc.reason} ({exc.code})"
+                    ) from exc
                 failures += 1
                 delay = backoff(failures)
                 if failures == 1 or failures % 10 == 0:
