@@ -11,6 +11,7 @@ import contextlib
 import os
 import queue
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -37,10 +38,13 @@ class RelayProc:
     proc: subprocess.Popen[str]
     env: dict[str, str]
     lines: list[str] = field(default_factory=list)
+    ca: Path | None = None
+    """The CA file an HTTPS relay's certificate verifies against (tests set it)."""
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+        verify: Any = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, verify=verify)
 
     def owner(self) -> httpx.Client:
         return self.client(self.owner_token)

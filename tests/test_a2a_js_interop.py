@@ -101,3 +101,85 @@ def test_js_client_send_get_stream_cancel_card_errors(tmp_path: Path, binding: s
     assert "artifactUpdate" in out["stream"]
     assert out["cancelState"] == "TASK_STATE_CANCELED"
     assert out["notFound"].endswith("TaskNotFoundError")
+
+
+PUSH_PROBE = r"""
+import { randomUUID } from 'node:crypto';
+import { Role } from '@a2a-js/sdk';
+import {
+  ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, RestTransportFactory,
+} from '@a2a-js/sdk/client';
+const [base, token, binding, hook] = process.argv.slice(2);
+const fetchImpl = (url, init = {}) => {
+  const headers = new Headers(init.headers || {});
+  headers.set('Authorization', `Bearer ${token}`);
+  return fetch(url, { ...init, headers });
+};
+const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+  transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
+  preferredTransports: [binding],
+}));
+const client = await factory.createFromUrl(base);
+const config = (id, url, auth) => ({ tenant: '', id, taskId: '', url, token: 'tok-js',
+                                     authentication: auth });
+const sent = await client.sendMessage({
+  tenant: '', metadata: undefined,
+  message: { messageId: randomUUID(), role: Role.ROLE_USER, taskId: '', contextId: '',
+             parts: [{ content: { $case: 'text', value: 'echo js' }, metadata: undefined,
+                       filename: '', mediaType: 'text/plain' }],
+             extensions: [], metadata: undefined, referenceTaskIds: [] },
+  configuration: { acceptedOutputModes: [], historyLength: undefined, returnImmediately: true,
+                   taskPushNotificationConfig: config('first', hook,
+                     { scheme: 'Bearer', credentials: 'js-secret' }) },
+});
+const taskId = sent.id;
+const out = { taskId };
+const made = await client.createTaskPushNotificationConfig(
+  { ...config('second', hook + '?2', undefined), taskId });
+out.made = made.id;
+const got = await client.getTaskPushNotificationConfig({ tenant: '', taskId, id: 'second' });
+out.gotUrl = got.url;
+const listed = await client.listTaskPushNotificationConfig(
+  { tenant: '', taskId, pageSize: 0, pageToken: '' });
+out.listed = listed.configs.map((c) => [c.id, c.authentication?.scheme ?? '',
+                                        c.authentication?.credentials ?? '']);
+await client.deleteTaskPushNotificationConfig({ tenant: '', taskId, id: 'second' });
+const after = await client.listTaskPushNotificationConfig(
+  { tenant: '', taskId, pageSize: 0, pageToken: '' });
+out.after = after.configs.map((c) => c.id);
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+def test_js_client_push_configs_and_deliveries(tmp_path: Path, binding: str) -> None:
+    """The JS client's four push-config calls and a config given with the send, both
+    bindings; the webhook hears the task to its end with the config's authentication."""
+    from a2a_kit import WS
+    from webhook_kit import Hook, ended, states
+
+    script = Path(SDK_DIR) / f"melchior-a2a-push-{os.getpid()}.mjs"
+    script.write_text(PUSH_PROBE)
+    hook = Hook()
+    try:
+        with running(f"sqlite://{tmp_path / 'r.db'}", push={"poll": 0.05}) as (server, world, _):
+            server.store.set_push_allow_private(WS, True)
+            proc = subprocess.run(
+                ["node", script.name, server.base() + "/", world.tokens["caller"], binding,
+                 hook.url],
+                cwd=SDK_DIR, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            first = [r for r in hook.wait_for(lambda s: ended([r for r in s if "?2" not in r.path]))
+                     if "?2" not in r.path]  # fmt: skip
+    finally:
+        script.unlink()
+        hook.close()
+    out = json.loads(proc.stdout)
+    assert (out["made"], out["gotUrl"]) == ("second", hook.url + "?2")
+    assert out["listed"] == [["first", "Bearer", ""], ["second", "", ""]]  # credentials withheld
+    assert out["after"] == ["first"]
+    assert states(first)[0] == "TASK_STATE_SUBMITTED"
+    assert states(first)[-1] == "TASK_STATE_COMPLETED"
+    assert all(r.headers["authorization"] == "Bearer js-secret" for r in first)
+    assert all(r.headers["x-a2a-notification-token"] == "tok-js" for r in first)

@@ -1,96 +1,78 @@
-"""The receiver against an HTTPS relay that requires client certificates on the receiver
-API (mTLS), with certificate authorities made in the test (trustme): it verifies the
-relay with its configured CA, presents its certificate, and runs the task; without a
-certificate it stops at once and says why."""
+"""The receiver over HTTPS with a client certificate (mTLS), certificates made in the test:
+a relay that requires one on the receiver API serves a receiver presenting it (its
+``[tls]`` table), and the receiver refuses, before it starts, to send its credential over
+plain HTTP to another machine."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import trustme
 
-from receiver_kit import WORKER, ReceiverProc, result_text, start_receiver, wait_for
-from relay_proc import RelayProc, start_relay
-from test_relay_tls import ca_file, server_pair, setup_agents, verified
+from receiver_kit import (
+    make_net,
+    receiving,
+    result_text,
+    start_receiver,
+    worker_route,
+    write_config,
+)
+from relay_proc import start_relay
+from test_relay_tls import ca_file, server_pair
 
 
-def write(path: Path, relay: RelayProc, work: Path, tls: str) -> Path:
-    path.write_text(
-        f'relay = "{relay.url}"\ntoken_env = "RECEIVER_TOKEN"\nwait = 5\n'
-        f'state_dir = "{path.parent / "state"}"\n'
-        f'[allow]\nadapters = ["command"]\ncwd = ["{work}"]\nprograms = ["{sys.executable}"]\n'
-        f"[tls]\n{tls}"
-    )
-    return path
-
-
-def test_mtls_receiver_runs_a_task_and_without_a_certificate_stops(tmp_path: Path) -> None:
-    ca = trustme.CA(organization_name="relay CA")
+def test_a_receiver_presents_its_certificate_to_a_relay_that_requires_one(
+    tmp_path: Path,
+) -> None:
+    relays = trustme.CA(organization_name="relays CA")
     receivers = trustme.CA(organization_name="receivers CA")
-    crt, key = server_pair(ca, tmp_path)
+    crt, key = server_pair(relays, tmp_path)
     relay = start_relay(
-        f"sqlite://{tmp_path / 'relay.db'}", tmp_path, "--tls-cert", str(crt),
-        "--tls-key", str(key), "--client-ca", str(ca_file(receivers, tmp_path, "rx-ca.pem")),
+        f"sqlite://{tmp_path / 'relay.db'}", tmp_path, "--tls-cert", str(crt), "--tls-key",
+        str(key), "--client-ca", str(ca_file(receivers, tmp_path, "receivers-ca.pem")),
     )  # fmt: skip
+    relay.ca = ca_file(relays, tmp_path)
     try:
-        cafile = ca_file(ca, tmp_path)
-        caller, receiver = setup_agents(relay, cafile)
+        assert relay.url.startswith("https://")
+        net = make_net(relay, tmp_path)
         work = tmp_path / "work"
         work.mkdir()
-        script = tmp_path / "worker.py"
-        script.write_text(WORKER)
-        owner = {"authorization": f"Bearer {relay.owner_token}"}
-        with verified(cafile, base_url=relay.url) as c:
-            route = {"capability": "incident.inspect", "adapter": "command", "cwd": str(work),
-                     "options": {"argv": [sys.executable, str(script)]}}  # fmt: skip
-            rid = c.post(
-                "/api/routes", json=route, headers={"authorization": f"Bearer {receiver}"}
-            ).json()["id"]
-            assert c.post(f"/api/routes/{rid}/approve", headers=owner).status_code == 200
         mine = receivers.issue_cert("ops.receivers.example", common_name="private/ops")
         cert, ckey = tmp_path / "ops.crt", tmp_path / "ops.key"
         mine.cert_chain_pems[0].write_to_path(str(cert))
         mine.private_key_pem.write_to_path(str(ckey))
-
-        class Net:  # what start_receiver needs of a network
-            def __init__(self) -> None:
-                self.relay = relay
-                self.receiver_token = receiver
-
-        # without a client certificate: refused on the receiver API, stops and says why
-        bare = write(tmp_path / "bare.toml", relay, work, f'ca = "{cafile}"\n')
-        rp: ReceiverProc = start_receiver(Net(), bare)  # type: ignore[arg-type]
-        assert rp.finish() == 78
+        tls = f'[tls]\nca = "{relay.ca}"\ncert = "{cert}"\nkey = "{ckey}"\n'
+        config = write_config(tmp_path / "receiver.toml", net, work, extra=tls)
+        worker_route(net, work, tmp_path / "worker.py")
+        with receiving(net, config) as rp:
+            task_id = net.send("over tls")
+            view = net.settled(task_id)
+            assert view["state"] == "succeeded", (view["error"], rp.lines)
+            assert result_text(view) == "done: OVER TLS (turn 1)"
+        # without a certificate the relay refuses its claims: it stops and says why
+        bare = write_config(tmp_path / "bare.toml", net, work, extra=f'[tls]\nca = "{relay.ca}"\n')
+        rp = start_receiver(net, bare)
+        assert rp.finish() == 78, rp.lines
         assert any("client certificate" in line for line in rp.lines), rp.lines
+    finally:
+        relay.stop()
 
-        config = write(
-            tmp_path / "receiver.toml", relay, work,
-            f'ca = "{cafile}"\ncert = "{cert}"\nkey = "{ckey}"\n',
-        )  # fmt: skip
-        rp = start_receiver(Net(), config)  # type: ignore[arg-type]
-        try:
-            body = {
-                "message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
-                "metadata": {"capability": "incident.inspect"},
-                "configuration": {"returnImmediately": True},
-            }
-            with verified(cafile, base_url=relay.url) as c:
-                sent = c.post(
-                    "/a2a/default/private/ops/message:send", json=body,
-                    headers={"authorization": f"Bearer {caller}", "A2A-Version": "1.0"},
-                )  # fmt: skip
-                assert sent.status_code == 200, sent.text
-                task_id = sent.json()["task"]["id"]
 
-                def done() -> dict[str, object] | None:
-                    view = c.get(f"/api/tasks/{task_id}", headers=owner).json()
-                    return view if view["state"] not in ("queued", "leased") else None
-
-                view = wait_for(done, "the task to settle")
-            assert view["state"] == "succeeded", (view, rp.lines)
-            assert result_text(view) == "done: HI (turn 1)"
-        finally:
-            rp.stop()
+def test_plain_http_to_another_machine_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path)
+    try:
+        net = make_net(relay, tmp_path)
+        work = tmp_path / "work"
+        work.mkdir()
+        config = write_config(tmp_path / "receiver.toml", net, work)
+        text = config.read_text().replace(relay.url, "http://192.0.2.10:8787")
+        config.write_text(text)
+        rp = start_receiver(net, config)
+        code = rp.finish()
+        assert code == 78, rp.lines  # EX_CONFIG: not restarted by its unit
+        said = "\n".join(rp.lines)
+        assert "refusing to send a credential over plain HTTP to 192.0.2.10" in said
     finally:
         relay.stop()

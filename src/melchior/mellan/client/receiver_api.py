@@ -134,8 +134,8 @@ def claimed(item: dict[str, Any]) -> ClaimedTask:
 
 
 def answer(response: httpx.Response) -> Any:
-    """The decoded answer of a receiver-API request: leases, a fenced write's outcome or a
-    batch's results (200, 404, 409); anything else is a :class:`ReceiverError`."""
+    """The decoded answer of a receiver-API request: a claim's leases or a fenced write's
+    outcome (200, 404, 409); anything else is a :class:`ReceiverError` with the reason."""
     try:
         data = decode(response.content) if response.content else {}
     except ValueError:
@@ -215,29 +215,10 @@ class ReceiverClient:
         except httpx.HTTPError as exc:
             why = transport.untrusted(exc) or f"cannot reach {self.relay_url}: {exc}"
             raise ReceiverError(0, "unreachable", why) from exc
-        try:
-            data = decode(response.content) if response.content else {}
-        except ValueError:
-            data = {}
-        if (
-            response.status_code in (200, 404, 409)
-            and isinstance(data, dict)
-            and ("outcome" in data or "leases" in data or "results" in data)
-        ):
-            return data
-        error = data.get("error", {}) if isinstance(data, dict) else {}
-        raise ReceiverError(
-            response.status_code,
-            str(error.get("code", "http-error")),
-            str(error.get("reason", response.text[:200] or response.reason_phrase)),
-        )
+        return answer(response)
 
     def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
-        data = self._post(f"/api/receiver/tasks/{task_id}/{verb}", body)
-        error = data.get("error") or {}
-        return WriteResult(
-            Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
-        )
+        return write_result(self._post(f"/api/receiver/tasks/{task_id}/{verb}", body))
 
     def claim(
         self,
@@ -336,22 +317,15 @@ class ReceiverClient:
 
 class AsyncReceiverClient:
     """The same API for asyncio code (the receiver process): one pooled connection, the
-    same answers and errors as :class:`ReceiverClient`, built by the same rules
-    (:mod:`melchior.mellan.transport`: verified TLS, a client certificate when ``tls`` names
-    one, no token over plain HTTP to another machine). Task ids are quoted into paths, so
+    same answers and errors as :class:`ReceiverClient`. Task ids are quoted into paths, so
     an id the relay sent can never address another endpoint."""
 
     def __init__(
-        self,
-        relay_url: str,
-        token: str,
-        *,
-        timeout: float = 30.0,
-        tls: ClientTls | None = None,
+        self, relay_url: str, token: str, *, timeout: float = 30.0, tls: ClientTls | None = None
     ) -> None:
         self.relay_url = relay_url.rstrip("/")
         self._timeout = timeout
-        try:
+        try:  # built by the transport module, like every mellan client (see ReceiverClient)
             self._http = transport.async_client(
                 self.relay_url,
                 token,
@@ -372,10 +346,9 @@ class AsyncReceiverClient:
                 path, content=encode(body).encode("utf-8"), timeout=read_for or self._timeout
             )
         except httpx.HTTPError as exc:
-            why = transport.untrusted(exc) or (
-                f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
-            )
-            raise ReceiverError(0, "unreachable", why) from exc
+            raise ReceiverError(
+                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            ) from exc
         return answer(response)
 
     async def _write(self, task_id: str, verb: str, body: dict[str, Any]) -> WriteResult:
@@ -388,10 +361,9 @@ class AsyncReceiverClient:
         try:
             response = await self._http.get("/api/whoami")
         except httpx.HTTPError as exc:
-            why = transport.untrusted(exc) or (
-                f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
-            )
-            raise ReceiverError(0, "unreachable", why) from exc
+            raise ReceiverError(
+                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            ) from exc
         try:
             data = decode(response.content) if response.content else {}
         except ValueError:

@@ -94,8 +94,19 @@ class ReceiverConfig:
     wake: Wake | None = None
     poll: float = 5.0
     worker: str | None = None
-    tls: ClientTls = field(default_factory=ClientTls)
+    verify: str | bool = True
+    cert: tuple[str, str] | None = None
+    stored_tls: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
+
+    def client_tls(self, environ: Mapping[str, str] | None = None) -> ClientTls:
+        """Trust and identity for the relay connection: ``[tls]`` here, else the
+        ``$MELLAN_CA_FILE``/``$MELLAN_CLIENT_CERT`` defaults every mellan client uses."""
+        ca = self.verify if isinstance(self.verify, str) else None
+        base = transport.client_tls(ca, stored=self.stored_tls, environ=environ)
+        if self.cert is None:
+            return base
+        return ClientTls(base.ca_file, Path(self.cert[0]), Path(self.cert[1]))
 
     @property
     def spool_dir(self) -> Path:
@@ -232,9 +243,9 @@ def _wake(table: Any, env: Mapping[str, str]) -> Wake | None:
 
 def _credential(
     data: Mapping[str, Any], env: Mapping[str, str]
-) -> tuple[str, str | None, str, dict[str, Any]]:
-    """(token, relay from the credential file if any, a name for this receiver, the
-    credential file's contents: its stored CA and client certificate)."""
+) -> tuple[str, str | None, str, dict[str, str]]:
+    """(token, relay from the credential file if any, a name for this receiver, the TLS
+    files ``mellan join --ca-file`` stored with it)."""
     from melchior.mellan.commands._common import agent_file
 
     path_text = _text(data, "credential", "")
@@ -258,7 +269,9 @@ def _credential(
             raise ConfigError(f"credential: {path} is not a mellan agent credential")
         relay = stored.get("relay")
         name = str(stored.get("agent") or agent or path.stem)
-        return stored["token"], relay if isinstance(relay, str) else None, name, stored
+        tls = {k: v for k, v in stored.items()
+               if k in ("ca_file", "client_cert", "client_key") and isinstance(v, str)}  # fmt: skip
+        return stored["token"], relay if isinstance(relay, str) else None, name, tls
     var = token_env or "MELLAN_TOKEN"
     token = env.get(var)
     if not token:
@@ -272,11 +285,13 @@ def _credential(
 def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) -> ReceiverConfig:
     """A checked configuration from the TOML document ``data``."""
     _known(data, TOP_KEYS, "the receiver configuration")
-    token, stored_relay, who, stored = _credential(data, env)
+    token, stored_relay, who, stored_tls = _credential(data, env)
     relay = _text(data, "relay", "") or env.get("MELLAN_RELAY") or stored_relay
     if not relay:
         raise ConfigError("relay is required: the relay's URL (or a credential file naming it)")
-    try:
+    if not re.match(r"^https?://[^/\s]+", relay):
+        raise ConfigError(f"relay must be an http(s) URL, got {relay!r}")
+    try:  # the one rule every mellan client keeps: no credential in clear on the network
         transport.check_url(relay, credential=True)
     except transport.TransportError as exc:
         raise ConfigError(f"relay: {exc}") from None
@@ -305,20 +320,6 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
     cert, key = _text(tls, "cert", "tls."), _text(tls, "key", "tls.")
     if (cert is None) != (key is None):
         raise ConfigError("tls.cert and tls.key go together (the client certificate for mTLS)")
-    try:
-        found = transport.client_tls(_expand(ca, env) if ca else None, stored, env)
-    except transport.TransportError as exc:
-        raise ConfigError(f"[tls]: {exc}") from None
-    tls_paths = ClientTls(
-        found.ca_file,
-        _expand(cert, env) if cert else found.client_cert,
-        _expand(key, env) if key else found.client_key,
-    )
-    if relay.startswith("https://"):
-        try:
-            transport.ssl_context(tls_paths)  # the files load now, not at the first claim
-        except transport.TransportError as exc:
-            raise ConfigError(f"[tls]: {exc}") from None
     return ReceiverConfig(
         relay=relay.rstrip("/"),
         token=token,
@@ -333,7 +334,9 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         wake=_wake(data.get("wake"), env),
         poll=_number(data, "poll", 5, 0.1, 86400),
         worker=_text(data, "worker", ""),
-        tls=tls_paths,
+        verify=str(_expand(ca, env)) if ca else True,
+        cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,
+        stored_tls=stored_tls,
         source=source,
     )
 

@@ -58,7 +58,7 @@ class _Stopped(Exception):
 class Receiver:
     def __init__(self, config: ReceiverConfig, out: TextIO | None = sys.stdout) -> None:
         self.config = config
-        self.client = AsyncReceiverClient(config.relay, config.token, tls=config.tls)
+        self.client = AsyncReceiverClient(config.relay, config.token, tls=config.client_tls())
         self.spool = Spool(config.spool_dir)
         self.board = Board(config.state_file, config.name, config.relay, out)
         self.sessions = Sessions(config.state_dir / "sessions.json")
