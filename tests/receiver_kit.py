@@ -41,6 +41,12 @@ if count:
 word, _, rest = text.partition(" ")
 if word == "sleep":
     time.sleep(float(rest.split()[0]))
+elif word == "wait-for":  # until the test creates the file
+    while not os.path.exists(rest.strip()):
+        time.sleep(0.05)
+elif word == "first-sleep":  # only the first attempt takes long
+    if os.environ.get("MELLAN_TASK_ATTEMPT") == "1":
+        time.sleep(float(rest.split()[0]))
 elif word == "child":  # a grandchild that would outlive a careless kill; TERM ignored
     import signal, subprocess
     kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

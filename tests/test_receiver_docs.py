@@ -3,43 +3,22 @@ caller sees the answer the receiver's command produced."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-DOC = Path(__file__).resolve().parent.parent / "docs" / "receiver.md"
-
-
-def _walk_through() -> str:
-    section = DOC.read_text(encoding="utf-8").split("## Walk-through from an empty machine", 1)[1]
-    match = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert match, "docs/receiver.md has no sh block under its walk-through"
-    return match.group(1)
+from doc_kit import run_bash, script_bin, sh_blocks
 
 
 def test_the_walk_through_runs(tmp_path: Path) -> None:
-    bindir = Path(sys.executable).parent
-    if not (bindir / "mellan").exists():
-        pytest.skip("no mellan script next to this interpreter")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MELLAN_", "XDG_"))}
-    env.update(
-        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
-        HOME=str(tmp_path / "home"),
-        TMPDIR=str(tmp_path),
-    )
-    (tmp_path / "home").mkdir()
-    done = subprocess.run(
-        ["bash", "-e", "-c", _walk_through()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,  # a hang guard, not a threshold
-        check=False,
-        cwd=tmp_path,
+    (script,) = sh_blocks("receiver.md", "Walk-through from an empty machine")
+    home = tmp_path / "home"
+    home.mkdir()
+    done = run_bash(
+        script,
+        bindir=script_bin("mellan"),
+        drop=["MELLAN_", "XDG_"],
+        env={"HOME": str(home), "TMPDIR": str(tmp_path)},
+        timeout=180,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

@@ -174,6 +174,7 @@ def base(tmp_path: Path) -> dict[str, Any]:
         ({"concurency": 2}, "unknown key concurency"),
         ({"concurrency": 0}, "concurrency must be a number from 1"),
         ({"relay": "ftp://x"}, "relay must be an http(s) URL"),
+        ({"relay": "http://relay.example"}, "refusing to send a credential over plain HTTP"),
         ({"allow": {"adapters": ["telnet"]}}, "allow.adapters: no adapter is named 'telnet'"),
         ({"allow": {"adapters": [], "cwd": ["rel"]}}, "allow.cwd: 'rel' must be an absolute"),
         ({"allow": {"adapters": [], "programs": ["no-such-prog-x"]}}, "allow.programs"),

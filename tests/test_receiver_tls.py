@@ -49,6 +49,11 @@ def test_a_receiver_presents_its_certificate_to_a_relay_that_requires_one(
             view = net.settled(task_id)
             assert view["state"] == "succeeded", (view["error"], rp.lines)
             assert result_text(view) == "done: OVER TLS (turn 1)"
+        # without a certificate the relay refuses its claims: it stops and says why
+        bare = write_config(tmp_path / "bare.toml", net, work, extra=f'[tls]\nca = "{relay.ca}"\n')
+        rp = start_receiver(net, bare)
+        assert rp.finish() == 78, rp.lines
+        assert any("client certificate" in line for line in rp.lines), rp.lines
     finally:
         relay.stop()
 

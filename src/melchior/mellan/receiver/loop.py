@@ -47,6 +47,10 @@ STATE_EVERY = 0.5
 STATE_HEARTBEAT = 5.0
 
 
+class _Refused(Exception):
+    """The relay refuses to hand this receiver work for a reason retrying cannot fix."""
+
+
 class _Stopped(Exception):
     """The claim loop ended because the receiver is stopping."""
 
@@ -67,6 +71,7 @@ class Receiver:
         self._main: asyncio.Task[int] | None = None
         self._supervising = False
         self._told_poll = False
+        self._delivering: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.shared = Shared(
             config=config,
             client=self.client,
@@ -147,6 +152,9 @@ class Receiver:
                 raise _Stopped  # asked to stop before the group was watched: end it all
         except* _Stopped:
             pass
+        except* _Refused as group:
+            self._supervising = False
+            self.stop(str(group.exceptions[0]), EXIT_CONFIG)
         except* WakeError as group:
             self._supervising = False
             self.stop(str(group.exceptions[0]), EXIT_CONFIG)
@@ -181,8 +189,17 @@ class Receiver:
             finally:
                 self.board.reporting -= 1
                 self.board.dirty = True
+                if self._delivering.get(key) is me:
+                    del self._delivering[key]
 
-        tg.create_task(go())
+        # A report for a turn supersedes one still being delivered for it (the task came
+        # back under a new lease while the old report was retrying): one delivery per turn.
+        key = (report.task_id, report.turn)
+        old = self._delivering.get(key)
+        if old is not None:
+            old.cancel()
+        me = tg.create_task(go())
+        self._delivering[key] = me
 
     async def _report_spooled(self, tg: asyncio.TaskGroup) -> None:
         """Every spooled report gets its first attempt before anything new is claimed."""
@@ -226,6 +243,10 @@ class Receiver:
             except ReceiverError as exc:
                 if exc.status == 401:
                     raise Revoked(revoked_reason(exc)) from exc
+                if exc.status == 403:  # an owner credential, or no client certificate (mTLS)
+                    raise _Refused(
+                        f"the relay refuses this receiver's claims: {exc.reason} ({exc.code})"
+                    ) from exc
                 failures += 1
                 delay = backoff(failures)
                 if failures == 1 or failures % 10 == 0:
@@ -281,4 +302,9 @@ class Receiver:
 
 
 def run(config: ReceiverConfig, out: TextIO | None = sys.stdout) -> int:
-    return asyncio.run(Receiver(config, out).run())
+    try:
+        receiver = Receiver(config, out)
+    except ReceiverError as exc:  # the TLS settings do not load, or plain HTTP elsewhere
+        print(f"mellan receiver: {exc.reason}", file=sys.stderr)
+        return EXIT_CONFIG
+    return asyncio.run(receiver.run())
