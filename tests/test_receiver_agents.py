@@ -6,6 +6,7 @@ refused by the receiver's allow-list."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from receiver_kit import Net, make_net, receiving, result_text, write_config
@@ -125,3 +126,39 @@ def test_an_a2a_agent_asks_back_and_the_answer_continues_its_task(
         assert len(agents.seen.headers) == sent
     finally:
         agents.stop()
+
+
+def test_a_provider_model_from_the_queue_is_one_fresh_fenced_run(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """The ``provider`` adapter through a real receiver: a fresh run per task against an
+    OpenAI-compatible provider on loopback (its URL allowed locally), the key from the
+    receiver's own environment, the caller's words fenced, the model's text the answer."""
+    from provider_kit import LoopbackServer, sse, sse_reply
+
+    reply = sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "all "}}]},
+        {"choices": [{"index": 0, "delta": {"content": "balanced"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        "[DONE]",
+    )
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    with LoopbackServer(sse_reply([reply])) as model:
+        urls = f'urls = ["{model.url}/"]\n'  # lands in [allow]: this machine's own list
+        config = write_config(tmp_path / "receiver.toml", net, work, adapters=("provider",),
+                              extra=urls)  # fmt: skip
+        net.route(adapter="provider", options={
+            "provider": "fake", "kind": "openai", "base_url": model.url + "/v1",
+            "api_key_env": "FAKE_KEY", "model": "m-1",
+        })  # fmt: skip
+        with receiving(net, config, env={"FAKE_KEY": "sk-local"}) as rp:
+            done = net.settled(net.send("do the books balance?"))
+            assert done["state"] == "succeeded", (done["error"], rp.lines)
+    assert result_text(done) == "all balanced"
+    (request,) = model.requests
+    assert request.headers["authorization"] == "Bearer sk-local"
+    said = json.dumps(request.json()["messages"])
+    assert "<<peer-message " in said
+    assert "do the books balance?" in said
