@@ -75,7 +75,9 @@ def test_receiver_killed_mid_task_the_task_is_reclaimed_and_completes_once(
         wait_for(lambda: executions(count, task_id) == 1, "the first run to start")
         first.kill()
         kill_orphans(count)
-        assert net.task(task_id)["state"] == "leased"
+        # leased, or already queued again if a loaded machine let the lease run out and
+        # the relay's sweeper settle it before this line
+        assert net.task(task_id)["state"] in ("leased", "queued")
         store.expire_leases([task_id])  # the dead receiver's lease runs out
         with receiving(net, config, env=env) as second:
             view = net.settled(task_id)
