@@ -266,3 +266,46 @@ def test_exit_descriptions() -> None:
     assert Exit(143, "", 1).signal == 15
     assert Exit(1, "", 1).signal is None
     assert Exit(1, "  \n", 1).with_stderr("bad") == "bad"
+
+
+RUNNER = """
+import asyncio, os, sys
+from pathlib import Path
+from melchior.runtimes.process import run_process
+
+async def started(pid: int) -> None:
+    Path(sys.argv[1]).write_text(str(pid))
+
+async def line(_: bytes) -> None:
+    pass
+
+asyncio.run(run_process([sys.executable, '-c', 'import time; time.sleep(300)'],
+                        cwd=Path.cwd(), env=dict(os.environ), on_line=line,
+                        on_start=started))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_program_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A runner SIGKILLed mid-turn (a receiver killed mid-task) takes its program with it:
+    nothing of the turn works on while the task is claimed and run again."""
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "pid"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(pid_file)], env=ENV)
+    try:
+
+        async def program() -> int:
+            await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+            return int(pid_file.read_text())
+
+        pid = run(program())
+        assert running(pid)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+        run(wait_for(lambda: not running(pid)))  # gone, not reparented and sleeping on
+    finally:
+        kill_quietly(runner.pid)
+        if pid_file.exists() and pid_file.read_text():
+            kill_quietly(int(pid_file.read_text()))

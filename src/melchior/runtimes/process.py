@@ -10,6 +10,11 @@ Why each rule:
   and Codex end their session files cleanly; SIGKILL is for whatever ignores it.
 * **Leftovers are stopped when the program exits**, too: a background process the agent
   forgot is still the agent's work, and it would otherwise hold our pipes open.
+* **It dies with us** (Linux): the program gets SIGKILL when the process that started
+  it dies, even by SIGKILL (``PR_SET_PDEATHSIG``). A receiver killed mid-task must not
+  leave its agent working on: the task is claimed again after the lease, and a second
+  run on the same session would overlap the orphan. (Its own children are the group's,
+  stopped with it on every exit but that one; under systemd the unit's cgroup goes.)
 * **Bounded reading.** stdout is read line by line and a line longer than the cap is an
   error (the program is stopped), never an unbounded buffer; stderr keeps only its tail,
   which is what a failure reason needs.
@@ -28,6 +33,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +41,33 @@ from pathlib import Path
 from typing import Any
 
 from melchior.runtimes.options import OptionReader
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGKILL the child when its parent dies; None
+    where there is no ``prctl``. libc is looked up here, before any fork: the child only
+    makes one call."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
 
 DEFAULT_GRACE = 5.0
 DEFAULT_LINE_LIMIT = 8 * 1024 * 1024
@@ -309,8 +342,9 @@ async def run_process(
             cwd=str(cwd),
             env=dict(env),
             start_new_session=True,
+            preexec_fn=_parent_death_signal(),
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise SpawnError(f"cannot start {argv[0]}: {exc}") from None
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     pgid = proc.pid
