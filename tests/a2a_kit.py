@@ -261,9 +261,9 @@ class Receiver:
 
 @contextlib.contextmanager
 def running(
-    db_url: str, *, receiver: bool = True, push: dict[str, Any] | None = None
+    db_url: str, *, receiver: bool = True, push: dict[str, Any] | None = None, poll: float = 0.2
 ) -> Iterator[tuple[Server, World, Receiver | None]]:
-    server = Server(db_url, push=push)
+    server = Server(db_url, poll=poll, push=push)
     world = seed(server.store)
     rx = Receiver(server.url, world.tokens["receiver"]) if receiver else None
     try:

@@ -392,3 +392,36 @@ def test_the_store_keeps_the_outbox_of_a_task_state_by_state(
     assert rows[0].state is TaskState.QUEUED
     assert rows[-1].state is TaskState.FAILED
     assert states(hook.ok())[-1] == "TASK_STATE_FAILED"
+
+
+def test_the_dashboard_redraws_a_tasks_timeline_when_a_push_lands(db_url: str) -> None:
+    """A task's page follows its push rows live: pending while the webhook holds the first
+    notification, then delivered, without a reload — woken by the delivery itself (the
+    relay's periodic re-read is set to 300 s here, so only a wake-up can redraw it)."""
+    from test_dashboard_http import _frames
+
+    hold = threading.Event()
+    hook = Hook(behaviour=Behaviour(hold=hold))
+    try:
+        with running(db_url, push=FAST, poll=300.0) as (server, world, _):
+            server.store.set_push_allow_private(WS, True)
+            tid = task_id(send(server, world, "echo hi", {"url": hook.url}))
+            deadline = time.monotonic() + 60  # a hang guard
+            while (t := server.store.get_task(WS, tid)) is None or not t.state.terminal:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            c, _ = sign_in(server.url, world.tokens["owner"])
+            with c.stream("GET", f"/ui/tasks/{tid}/live", timeout=30) as stream:
+                lines = stream.iter_lines()
+                first = {d["target"]: d["html"] for _, _, d in _frames(lines, 2)}
+                assert "push pending" in first["timeline"]
+                assert "push delivered" not in first["timeline"]
+                hold.set()  # the webhook answers now
+                seen = ""
+                while "push delivered" not in seen:  # a read times out if nothing wakes it
+                    ((_, _, frame),) = _frames(lines, 1)
+                    if frame["target"] == "timeline":
+                        seen = frame["html"]
+    finally:
+        hold.set()
+        hook.close()

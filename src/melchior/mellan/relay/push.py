@@ -43,7 +43,7 @@ import httpx
 
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.notifications import messages
-from melchior.mellan.relay.notify import PUSH_TOPIC
+from melchior.mellan.relay.notify import PUSH_TOPIC, task_topic
 from melchior.mellan.relay.outbound import Failed, Refused, Resolver, post_checked, resolve
 from melchior.mellan.relay.store.base import PushDelivery, Store, StoreError
 from melchior.mellan.signing import sign
@@ -215,6 +215,8 @@ class Pusher:
         else:
             self.delivered += 1
             await self.relay.call(self.store.push_delivered, row.id, self.owner)
+        # the task's page on the dashboard shows its push rows: let it redraw (any replica)
+        self.relay.notifier.publish(task_topic(row.config.task_id))
 
     async def _post(self, http: httpx.AsyncClient, row: PushDelivery, n: int, body: bytes) -> None:
         config = row.config
