@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -310,7 +311,9 @@ def _item_view(me: Principal, task_id: str, verdict: Verdict | None) -> dict[str
     return view
 
 
-async def _batch(relay: Relay, me: Principal, task_ids: list[str], write: Any) -> Response:
+async def _batch(
+    relay: Relay, me: Principal, task_ids: list[str], write: Callable[[list[int]], list[Verdict]]
+) -> Response:
     """Check ownership, run ``write(owned_indexes)`` in one transaction, answer per item."""
 
     def go() -> list[Verdict | None]:

@@ -16,7 +16,7 @@ The rules kept here, once for both dialects:
   writer anyway); a replica that does not get it does nothing, and says so, rather than
   competing for the same rows.
 - **Recorded.** Each batch that deleted something writes one audit record
-  (``task.purge``, with the count and the cut-off) in its own transaction.
+  (``task.purge``, with the count and the age) in the transaction of the deletion.
 - A messageId whose task was purged may be sent again and makes a new task: the
   idempotency window of a send is the retention period (docs/mellan-queue.md says so).
 """
