@@ -133,25 +133,35 @@ def claimed(item: dict[str, Any]) -> ClaimedTask:
     )
 
 
+def _decoded(response: httpx.Response) -> Any:
+    """The body as exact JSON ({} when empty or not JSON: the status then speaks)."""
+    try:
+        return decode(response.content) if response.content else {}
+    except ValueError:
+        return {}
+
+
+def refused(response: httpx.Response, data: Any) -> ReceiverError:
+    """The relay's refusal (its ``error.code`` and ``reason``) as a :class:`ReceiverError`."""
+    error = data.get("error", {}) if isinstance(data, dict) else {}
+    return ReceiverError(
+        response.status_code,
+        str(error.get("code", "http-error")),
+        str(error.get("reason", response.text[:200] or response.reason_phrase)),
+    )
+
+
 def answer(response: httpx.Response) -> Any:
     """The decoded answer of a receiver-API request: a claim's leases or a fenced write's
     outcome (200, 404, 409); anything else is a :class:`ReceiverError` with the reason."""
-    try:
-        data = decode(response.content) if response.content else {}
-    except ValueError:
-        data = {}
+    data = _decoded(response)
     if (
         response.status_code in (200, 404, 409)
         and isinstance(data, dict)
         and ("outcome" in data or "leases" in data or "results" in data)
     ):
         return data
-    error = data.get("error", {}) if isinstance(data, dict) else {}
-    raise ReceiverError(
-        response.status_code,
-        str(error.get("code", "http-error")),
-        str(error.get("reason", response.text[:200] or response.reason_phrase)),
-    )
+    raise refused(response, data)
 
 
 def write_result(data: dict[str, Any]) -> WriteResult:
@@ -364,18 +374,10 @@ class AsyncReceiverClient:
             raise ReceiverError(
                 0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
             ) from exc
-        try:
-            data = decode(response.content) if response.content else {}
-        except ValueError:
-            data = {}
+        data = _decoded(response)
         if response.status_code == 200 and isinstance(data, dict):
             return data
-        error = data.get("error", {}) if isinstance(data, dict) else {}
-        raise ReceiverError(
-            response.status_code,
-            str(error.get("code", "http-error")),
-            str(error.get("reason", response.text[:200] or response.reason_phrase)),
-        )
+        raise refused(response, data)
 
     async def claim(
         self,
