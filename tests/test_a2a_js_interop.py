@@ -25,13 +25,11 @@ pytestmark = pytest.mark.skipif(
     reason="set A2A_JS_SDK_DIR to a directory with node_modules/@a2a-js/sdk (and have node)",
 )
 
-PROBE = r"""
-import { randomUUID } from 'node:crypto';
-import { Role, taskStateToJSON } from '@a2a-js/sdk';
+CLIENT = r"""
 import {
   ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, RestTransportFactory,
 } from '@a2a-js/sdk/client';
-const [base, token, binding] = process.argv.slice(2);
+const [base, token, binding, ...rest] = process.argv.slice(2);
 const fetchImpl = (url, init = {}) => {
   const headers = new Headers(init.headers || {});
   headers.set('Authorization', `Bearer ${token}`);
@@ -42,6 +40,15 @@ const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryO
   preferredTransports: [binding],
 }));
 const client = await factory.createFromUrl(base);
+"""
+"""The JS client of both probes: the card's URL, a bearer token and the binding to prefer
+from the command line (then the probe's own arguments, in ``rest``)."""
+
+PROBE = (
+    CLIENT
+    + r"""
+import { randomUUID } from 'node:crypto';
+import { Role, taskStateToJSON } from '@a2a-js/sdk';
 const msg = (text) => ({
   messageId: randomUUID(), role: Role.ROLE_USER, taskId: '', contextId: '',
   parts: [{ content: { $case: 'text', value: text }, metadata: undefined, filename: '',
@@ -76,6 +83,7 @@ try {
 }
 console.log(JSON.stringify(out));
 """
+)
 
 
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
@@ -103,23 +111,12 @@ def test_js_client_send_get_stream_cancel_card_errors(tmp_path: Path, binding: s
     assert out["notFound"].endswith("TaskNotFoundError")
 
 
-PUSH_PROBE = r"""
+PUSH_PROBE = (
+    CLIENT
+    + r"""
 import { randomUUID } from 'node:crypto';
 import { Role } from '@a2a-js/sdk';
-import {
-  ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, RestTransportFactory,
-} from '@a2a-js/sdk/client';
-const [base, token, binding, hook] = process.argv.slice(2);
-const fetchImpl = (url, init = {}) => {
-  const headers = new Headers(init.headers || {});
-  headers.set('Authorization', `Bearer ${token}`);
-  return fetch(url, { ...init, headers });
-};
-const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
-  transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
-  preferredTransports: [binding],
-}));
-const client = await factory.createFromUrl(base);
+const [hook] = rest;
 const config = (id, url, auth) => ({ tenant: '', id, taskId: '', url, token: 'tok-js',
                                      authentication: auth });
 const sent = await client.sendMessage({
@@ -149,6 +146,7 @@ const after = await client.listTaskPushNotificationConfig(
 out.after = after.configs.map((c) => c.id);
 console.log(JSON.stringify(out));
 """
+)
 
 
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
