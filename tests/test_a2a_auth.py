@@ -124,16 +124,37 @@ def test_refusals_store_nothing_look_unknown_and_are_audited(
     assert task_count(server) == before
 
 
-def test_revoked_grant_is_refused_and_audited(tmp_path: Any) -> None:
+def test_revoked_grant_is_refused_at_once_and_audited(tmp_path: Any) -> None:
+    """Revoked through the control API of the replica the caller uses: the door had just
+    remembered the grant (the first send) and forgets it with the revocation."""
     with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
         assert send(server, world.tokens["caller"]).status_code == 200
-        server.store.revoke_grant(WS, world.grant_ids["caller"])
+        resp = httpx.delete(
+            f"{server.url}/api/grants/{world.grant_ids['caller']}",
+            headers=headers(world.tokens["owner"]),
+        )
+        assert resp.json()["revoked"] is True, resp.text
         before = task_count(server)
         unknown = send(server, world.tokens["caller"], agent="no/body")
         resp = send(server, world.tokens["caller"])
         assert last_refusal(server, WS).rule == "no-grant"
         refused_like_unknown(resp, unknown)
         assert task_count(server) == before
+
+
+def test_a_grant_revoked_elsewhere_is_refused_within_the_ttl(tmp_path: Any) -> None:
+    """Revoked through the store, as another replica would: this relay remembered the grant
+    (it was just used) and keeps it for at most 2 s (docs/mellan.md)."""
+    with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
+        token = world.tokens["caller"]
+        assert send(server, token).status_code == 200
+        server.store.revoke_grant(WS, world.grant_ids["caller"])
+        deadline = time.monotonic() + 30  # a liveness bound, far above the 2 s ttl
+        while send(server, token).status_code == 200:
+            assert time.monotonic() < deadline, "a revoked grant stayed usable"
+            time.sleep(0.2)
+        assert send(server, token).status_code == 403
+        assert last_refusal(server, WS).rule == "no-grant"
 
 
 def test_missing_and_revoked_credentials_are_401_and_audited(tmp_path: Any) -> None:

@@ -253,9 +253,12 @@ async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, cap
         )  # fmt: skip
         raise ApiError.of(404 if decision.rule == "unknown-agent" else 400, decision)
     audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
-    return await relay.call(
-        relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
-    )
+    try:
+        return await relay.call(
+            relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
+        )
+    finally:
+        relay.facts.forget()  # the door sees it at once here (other replicas: within 2 s)
 
 
 async def revoke_grant(relay: Relay, me: Principal, grant_id: str) -> None:
@@ -264,7 +267,10 @@ async def revoke_grant(relay: Relay, me: Principal, grant_id: str) -> None:
         actor(me), "grant.revoke", "owner",
         "grant revoked; new tasks on this route are refused from now on",
     )  # fmt: skip
-    revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id, record=audit)
+    try:
+        revoked = await relay.call(relay.store.revoke_grant, me.workspace, grant_id, record=audit)
+    finally:
+        relay.facts.forget()  # refused at once here (other replicas: within 2 s)
     if not revoked:
         await record(
             relay, me.workspace, actor(me), "grant.revoke", grant_id, False, "not-found",
@@ -355,7 +361,10 @@ async def set_push_private(relay: Relay, me: Principal, allowed: bool) -> None:
     await owner_only(relay, me, "push.settings")
     why = "push deliveries may reach private addresses" if allowed else "public addresses only"
     audit = Record(actor(me), "push.settings", "owner", why, {"allow_private": allowed})
-    await relay.call(relay.store.set_push_allow_private, me.workspace, allowed, record=audit)
+    try:
+        await relay.call(relay.store.set_push_allow_private, me.workspace, allowed, record=audit)
+    finally:
+        relay.facts.forget()
 
 
 # -- send limits ---------------------------------------------------------------------------------

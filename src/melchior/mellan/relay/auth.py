@@ -11,12 +11,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from starlette.requests import Request
 
+from melchior.mellan.relay.memo import Memo
 from melchior.mellan.relay.store.base import CredentialKind, Principal, Task
 from melchior.policy.visibility import Parties, Viewer
 
@@ -60,42 +59,15 @@ class Identified(NamedTuple):
     why: str = ""
 
 
-class Credentials:
-    """Live credentials by token hash, remembered for ``ttl`` seconds.
+class Credentials(Memo[str, Principal]):
+    """Live credentials by token hash, remembered for ``ttl`` seconds (:mod:`.memo`).
 
     Every request presents a credential, and looking one up is a database read in a
     worker thread; a caller sending hundreds of requests a second would pay it each time.
-    So a credential found live is trusted for ``ttl`` seconds more. The price, stated in
-    docs/mellan.md: a credential revoked (or expiring) on *another* replica is refused
-    within ``ttl`` seconds rather than at once; the replica that revokes forgets it at
-    once (:meth:`forget`). Unknown tokens are never remembered, so a credential just
-    minted anywhere works at once."""
-
-    def __init__(
-        self, ttl: float = 2.0, size: int = 4096, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.ttl = ttl
-        self.size = size
-        self.clock = clock
-        self._known: dict[str, tuple[float, Principal]] = {}
-
-    def get(self, token_hash: str) -> Principal | None:
-        found = self._known.get(token_hash)
-        if found is None:
-            return None
-        until, principal = found
-        if self.clock() >= until:
-            del self._known[token_hash]
-            return None
-        return principal
-
-    def put(self, token_hash: str, principal: Principal) -> None:
-        if len(self._known) >= self.size:
-            self._known.clear()  # bounded; a rare refill costs only lookups
-        self._known[token_hash] = (self.clock() + self.ttl, principal)
-
-    def forget(self) -> None:
-        self._known.clear()
+    So a credential found live is trusted for ``ttl`` seconds more: revoked (or expiring)
+    on *another* replica, it is refused within ``ttl`` seconds rather than at once; the
+    replica that revokes forgets it at once. Unknown tokens are never remembered, so a
+    credential just minted anywhere works at once."""
 
 
 async def identify(request: Request, relay: Relay) -> Identified:
@@ -105,9 +77,10 @@ async def identify(request: Request, relay: Relay) -> Identified:
     digest = hash_token(token)
     principal = relay.credentials.get(digest)
     if principal is None:
+        since = relay.credentials.generation
         principal = await relay.call(relay.store.principal_for, digest)
         if principal is not None:
-            relay.credentials.put(digest, principal)
+            relay.credentials.put(digest, principal, since)
     return Identified(principal, "" if principal is not None else "unknown")
 
 

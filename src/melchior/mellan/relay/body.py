@@ -163,6 +163,13 @@ async def read_json(
     raw = await read_bytes(request, limit, deadline)
     if empty is not None and not raw.strip():
         return empty
+    request.state.body_bytes = len(raw)
     if len(raw) <= INLINE_PARSE:
         return parse(raw)
     return await run_in_threadpool(parse, raw)
+
+
+def parsed_inline(request: Request) -> bool:
+    """Whether the request's body was small enough to be parsed on the event loop — and so
+    for the work on it that is proportional to its size (e.g. encoding it again)."""
+    return int(getattr(request.state, "body_bytes", 0)) <= INLINE_PARSE

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
+from melchior.mellan.relay.facts import DoorFacts
 from melchior.mellan.relay.limits import SendLimits
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import Notifier
@@ -57,6 +58,9 @@ class Relay:
     """The replica's wake-up sender (made and run by the app's lifespan unless given)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
+    facts: DoorFacts = field(init=False, repr=False)
+    """Agents, grants and routes as the door read them, remembered for a moment
+    (:mod:`.facts`); whoever changes one on this replica calls ``facts.forget()``."""
     presence: Presence = field(init=False, repr=False)
     """Which receivers' sightings this replica stored, and when (see :mod:`.presence`)."""
     limits: SendLimits = field(default_factory=SendLimits, repr=False)
@@ -71,6 +75,7 @@ class Relay:
 
         self.batcher = Batcher(self)
         self.credentials = Credentials()
+        self.facts = DoorFacts()
         self.presence = Presence()
         self.store.set_tally(self.metrics.tally)
 

@@ -47,19 +47,31 @@ class SendLimits:
     def overrides(self, store: Store, workspace: str) -> dict[str, Overrides]:
         """The workspace's stored limits, read at most every ttl (a worker-thread call)."""
         now = self._clock()
-        with self._lock:
-            hit = self._stored.get(workspace)
-        if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
+        hit = self.remembered(workspace)
+        if hit is not None:
+            return hit
         stored = store.limit_overrides(workspace)
         with self._lock:
             self._stored[workspace] = (now, stored)
         return stored
 
     def for_agent(self, store: Store, workspace: str, agent: str) -> Limits:
-        stored = self.overrides(store, workspace)
+        return self.of(self.overrides(store, workspace), agent)
+
+    def of(self, stored: dict[str, Overrides], agent: str) -> Limits:
+        """``agent``'s limits in force, given its workspace's stored ones."""
         none = Overrides()
         return effective(stored.get(WORKSPACE_DEFAULTS, none), stored.get(agent, none), self.base)
+
+    def remembered(self, workspace: str) -> dict[str, Overrides] | None:
+        """The workspace's stored limits if read within the ttl, else None (then read them
+        with :meth:`overrides` in a worker thread) — so the door needs no thread when they
+        are fresh."""
+        with self._lock:
+            hit = self._stored.get(workspace)
+        if hit is not None and self._clock() - hit[0] < self.ttl:
+            return hit[1]
+        return None
 
     def forget(self, workspace: str) -> None:
         """Read the workspace's limits afresh at the next send (they just changed)."""

@@ -216,9 +216,12 @@ async def approve(relay: Relay, me: Principal, route_id: str) -> tuple[TaskRoute
          "adapter": current.adapter, "session": current.session, "cwd": current.cwd,
          "profile": current.profile},
     )  # fmt: skip
-    change = await relay.call(
-        relay.store.approve_route, me.workspace, route_id, actor(me), record=audit
-    )
+    try:
+        change = await relay.call(
+            relay.store.approve_route, me.workspace, route_id, actor(me), record=audit
+        )
+    finally:
+        relay.facts.forget()  # new sends here key by it at once (other replicas: within 2 s)
     route = change.route
     if route is None:
         await _refused(relay, me, "route.approve", route_id)
@@ -240,9 +243,12 @@ async def revoke(relay: Relay, me: Principal, route_id: str) -> tuple[TaskRoute,
         actor(me), "route.revoke", "owner",
         "route revoked; its capability has no route until another is approved",
     )  # fmt: skip
-    change = await relay.call(
-        relay.store.revoke_route, me.workspace, route_id, actor(me), record=audit
-    )
+    try:
+        change = await relay.call(
+            relay.store.revoke_route, me.workspace, route_id, actor(me), record=audit
+        )
+    finally:
+        relay.facts.forget()  # new sends here key by it at once (other replicas: within 2 s)
     if change.route is None:
         await _refused(relay, me, "route.revoke", route_id)
     assert change.route is not None

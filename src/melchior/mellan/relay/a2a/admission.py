@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from melchior.mellan.relay.a2a import hops, jsontext, views
 from melchior.mellan.relay.a2a.access import Caller
@@ -34,7 +34,6 @@ from melchior.mellan.relay.a2a.errors import (
 )
 from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
-from melchior.mellan.relay.limits import SendLimits
 from melchior.mellan.relay.store.base import (
     Caps,
     FollowUp,
@@ -51,7 +50,7 @@ from melchior.mellan.relay.store.base import (
 from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
 from melchior.policy.outbound import check_url
 from melchior.policy.routes import session_key
-from melchior.policy.send_limits import RATE
+from melchior.policy.send_limits import RATE, Limits
 
 HOP_KEYS = ("chain", "hop")
 REFUSED_QUIETLY = frozenset({"unknown-agent", "unknown-capability", "no-grant", "other-workspace"})
@@ -71,8 +70,10 @@ def _capability_from(req: SendRequest) -> str | None:
     return None
 
 
-def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[str, Any]) -> None:
-    """Audit a refused send, then raise what the caller hears.
+def _record_refusal(
+    store: Store, caller: Caller, rule: str, reason: str, detail: dict[str, Any]
+) -> None:
+    """Audit a refused send (a worker-thread call).
 
     The record goes to the caller's workspace, and also to the target workspace when that
     is another one and the agent exists there (its owners should see who knocked; made-up
@@ -89,6 +90,13 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
                 f"{caller.principal.workspace}:{caller.actor}",
                 "task.refuse", subject, False, rule, reason, detail,
             )  # fmt: skip
+
+
+async def _refuse(
+    relay: Relay, caller: Caller, rule: str, reason: str, detail: dict[str, Any]
+) -> NoReturn:
+    """Audit a refused send, then raise what the caller hears."""
+    await relay.call(_record_refusal, relay.store, caller, rule, reason, detail)
     if rule in REFUSED_QUIETLY:
         raise Forbidden(NOT_GRANTED)
     if rule == "ambiguous":  # the caller holds several grants here: it may know that
@@ -98,10 +106,41 @@ def _refuse(store: Store, caller: Caller, rule: str, reason: str, detail: dict[s
     raise Forbidden(reason)
 
 
-def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp | Task:
-    """Authorize one send (a worker-thread call: every read, and the audit of a refusal):
-    a new task, the next turn of a task waiting for input, or — a resend of a message
-    already taken, found while refusing it — the task it went to."""
+class Answering(NamedTuple):
+    """The task a message answers (``taskId``), and — when that task no longer waits for
+    input — the task this very message went to before, if it is a resend."""
+
+    previous: Task
+    resent: Task | None
+
+
+def _answering(store: Store, caller: Caller, req: SendRequest) -> Answering:
+    """A worker-thread call: the task named by ``taskId`` as this caller may see it."""
+    assert req.task_id is not None
+    previous = store.get_task(caller.target.workspace, req.task_id)
+    if previous is None or not caller.can_see(previous):
+        raise TaskNotFound(metadata={"taskId": req.task_id})
+    waits = previous.state is TaskState.INPUT_REQUIRED
+    return Answering(previous, None if waits else resend_of(store, caller, req))
+
+
+async def _encoded(relay: Relay, req: SendRequest) -> tuple[str, str]:
+    """The message and metadata as stored: encoded on the event loop when the body was
+    small enough to be parsed there, else in a worker thread (:data:`body.INLINE_PARSE`:
+    no request runs unbounded work on the loop)."""
+    if req.inline:
+        return jsontext.dumps(req.message), jsontext.dumps(req.metadata)
+    return await relay.call(lambda: (jsontext.dumps(req.message), jsontext.dumps(req.metadata)))
+
+
+async def decide(relay: Relay, caller: Caller, req: SendRequest) -> NewTask | FollowUp | Task:
+    """Authorize one send: a new task, the next turn of a task waiting for input, or — a
+    resend of a message already taken, found while refusing it — the task it went to.
+
+    Runs on the event loop: the parties' facts come from :class:`~..facts.DoorFacts`
+    (read in a worker thread only when not remembered), so a busy caller's sends are
+    decided without a thread or a database read; a turn's task, refusals' audit records
+    and big messages go to a worker thread."""
     p, target = caller.principal, caller.target
     detail: dict[str, Any] = {"messageId": req.message.get("messageId")}
     capability = _capability_from(req)
@@ -113,8 +152,8 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
             "send with the calling agent's credential"
         )
     if not caller.same_workspace:
-        _refuse(
-            store,
+        await _refuse(
+            relay,
             caller,
             "other-workspace",
             f"credential of {p.workspace} used on {target.workspace}",
@@ -124,38 +163,38 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
     context_id = req.context_id
     previous: Task | None = None
     if req.task_id is not None:
-        previous = store.get_task(target.workspace, req.task_id)
-        if previous is None or not caller.can_see(previous):
-            raise TaskNotFound(metadata={"taskId": req.task_id})
-        if previous.state is not TaskState.INPUT_REQUIRED:
-            resent = resend_of(store, caller, req)  # an answer already taken, sent again?
-            if resent is not None:
-                return resent
-        if previous.state.terminal:
+        before, resent = await relay.call(_answering, relay.store, caller, req)
+        if resent is not None:  # an answer already taken, sent again
+            return resent
+        if before.state.terminal:
             raise UnsupportedOperation(
-                f"task {previous.id} is {views.A2A_STATE[previous.state]}; it takes no more "
+                f"task {before.id} is {views.A2A_STATE[before.state]}; it takes no more "
                 "messages. Send a new message (same contextId to continue the conversation).",
-                metadata={"taskId": previous.id},
+                metadata={"taskId": before.id},
             )
-        if previous.state is not TaskState.INPUT_REQUIRED:
+        if before.state is not TaskState.INPUT_REQUIRED:
             raise UnsupportedOperation(
-                f"task {previous.id} is still {views.A2A_STATE[previous.state]}; wait for it "
+                f"task {before.id} is still {views.A2A_STATE[before.state]}; wait for it "
                 "to finish or ask for input, or cancel it",
-                metadata={"taskId": previous.id},
+                metadata={"taskId": before.id},
             )
-        if context_id is not None and context_id != previous.context_id:
+        if context_id is not None and context_id != before.context_id:
             raise InvalidParams(
-                f"contextId {context_id!r} does not match task {previous.id}'s context",
+                f"contextId {context_id!r} does not match task {before.id}'s context",
                 violations=[("message.contextId", "must match the task's context")],
             )
-        context_id = previous.context_id
+        context_id = before.context_id
         if capability is None:
-            capability = previous.capability
+            capability = before.capability
+        previous = before
 
-    agent = store.get_agent(target.workspace, target.agent)
+    facts = relay.facts
+    agent = await facts.agent(relay, target.workspace, target.agent)
     declared = {c.id for c in agent.capabilities} if agent else set()
     granted = (
-        store.granted_capabilities(target.workspace, p.subject, target.agent) if agent else set()
+        await facts.granted(relay, target.workspace, p.subject, target.agent)
+        if agent
+        else frozenset()
     )
     decision = may_invoke(
         caller=p.subject,
@@ -163,10 +202,10 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
         capability=capability,
         receiver_exists=agent is not None,
         declared=declared,
-        granted=granted,
+        granted=set(granted),
     )
     if not decision:
-        _refuse(store, caller, decision.rule, decision.reason, detail)
+        await _refuse(relay, caller, decision.rule, decision.reason, detail)
     capability = chosen_capability(capability, granted & declared)
 
     chain = hops.envelope_of(p.subject, target.agent, req.message, req.metadata).chain
@@ -174,14 +213,13 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
     try:
         hops.check(chain)
     except HopLimit as exc:
-        _refuse(store, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
+        await _refuse(relay, caller, "hop-limit", exc.message, {**detail, **chain.as_dict()})
 
     if req.push is not None:
-        check_push(
-            store, target.workspace, req.push, "configuration.taskPushNotificationConfig.url"
-        )
+        allow = await facts.allow_private(relay, target.workspace)
+        check_push(req.push, "configuration.taskPushNotificationConfig.url", allow)
         detail["push"] = True
-    payload = jsontext.dumps(req.message)
+    payload, metadata = await _encoded(relay, req)
     detail = {**detail, "capability": capability, "hop": chain.hop}
     if previous is not None:  # the caller answers a task that asked for input
         detail["turn"] = previous.turn + 1
@@ -198,7 +236,7 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
             push=req.push,
         )
     context_id = context_id or uuid.uuid4().hex
-    route = store.approved_route(target.workspace, target.agent, capability)
+    route = await facts.route(relay, target.workspace, target.agent, capability)
     if route is not None and route.session:  # one bound session: its tasks never overlap
         key = session_key(target.agent, route.session)
         detail["route"] = route.id
@@ -211,7 +249,7 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
         receiver=target.agent,
         capability=capability,
         payload=payload,
-        metadata=jsontext.dumps(req.metadata),
+        metadata=metadata,
         context_id=context_id,
         message_id=req.message["messageId"],
         session_key=key,
@@ -223,19 +261,26 @@ def decide(store: Store, caller: Caller, req: SendRequest) -> NewTask | FollowUp
     )
 
 
-def within_limits(
-    store: Store, limits: SendLimits, caller: Caller, req: SendRequest
+async def _limits_of(relay: Relay, workspace: str, agent: str) -> Limits:
+    stored = relay.limits.remembered(workspace)
+    if stored is None:
+        stored = await relay.call(relay.limits.overrides, relay.store, workspace)
+    return relay.limits.of(stored, agent)
+
+
+async def within_limits(
+    relay: Relay, caller: Caller, req: SendRequest
 ) -> NewTask | FollowUp | Task:
     """:func:`decide`, then the caller's send rate (refused: audited ``quota.refused``,
     :class:`QuotaExceeded`, nothing stored); a new task leaves with the caps the enqueue
     transaction counts (the caller's unfinished tasks at the receiver, the receiver's
     queue). A resend of a message already taken is answered without a token."""
-    decided = decide(store, caller, req)
+    decided = await decide(relay, caller, req)
     if isinstance(decided, Task):
         return decided
     workspace, sender = decided.workspace, caller.principal.subject
-    mine = limits.for_agent(store, workspace, sender)
-    took = limits.take(workspace, sender, mine)
+    mine = await _limits_of(relay, workspace, sender)
+    took = relay.limits.take(workspace, sender, mine)
     if not took.decision:
         detail = {
             "messageId": req.message.get("messageId"),
@@ -245,22 +290,22 @@ def within_limits(
             "retry_after": took.retry_after,
         }
         subject = f"{caller.target.workspace}/{caller.target.agent}"
-        store.audit(
-            workspace, caller.actor, "quota.refused", subject, False, RATE, took.decision.reason,
-            detail,
+        await relay.call(
+            relay.store.audit, workspace, caller.actor, "quota.refused", subject, False, RATE,
+            took.decision.reason, detail,
         )  # fmt: skip
         raise QuotaExceeded(took.decision.reason, limit=RATE, retry_after=took.retry_after)
     if isinstance(decided, FollowUp):
         return decided
-    theirs = limits.for_agent(store, workspace, decided.receiver)
+    theirs = await _limits_of(relay, workspace, decided.receiver)
     caps = Caps(mine.max_unfinished_per_receiver, theirs.max_queued)
     return dataclasses.replace(decided, caps=caps)
 
 
-def check_push(store: Store, workspace: str, push: NewPush, name: str) -> None:
+def check_push(push: NewPush, name: str, allow_private: bool) -> None:
     """Refuse, naming the field and the rule, a URL the workspace may not push to (before
     anything is stored; checked again after DNS at each delivery)."""
-    verdict = check_url(push.url, allow_private=store.push_allow_private(workspace))
+    verdict = check_url(push.url, allow_private=allow_private)
     if not verdict.allowed:
         raise InvalidParams(
             f"{name}: {verdict.reason}",
@@ -329,7 +374,7 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
     its acceptance record in one transaction (group-committed with concurrent accepts) —
     or start the next turn of a task that asked for input. A messageId already taken is a
     resend (the same task back) or a reuse (refused by name)."""
-    decided = await relay.call(within_limits, relay.store, relay.limits, caller, req)
+    decided = await within_limits(relay, caller, req)
     if isinstance(decided, Task):
         return Taken(decided, False)
     if isinstance(decided, FollowUp):

@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from melchior.mellan.relay.a2a import cards, listing, pushconfigs, requests, tasks
 from melchior.mellan.relay.a2a.access import Caller
+from melchior.mellan.relay.body import parsed_inline
 from melchior.mellan.relay.context import Relay
 
 Result = dict[str, Any] | AsyncIterator[dict[str, Any]]
@@ -23,14 +24,15 @@ STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 
 
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
-    req = requests.parse_send(params)
+    req = requests.parse_send(params, inline=parsed_inline(request))
     return await tasks.send_blocking(relay, caller, req, request.is_disconnected)
 
 
 async def send_streaming_message(
     relay: Relay, caller: Caller, params: Any, request: Request
 ) -> Result:
-    return await tasks.send_streaming(relay, caller, requests.parse_send(params))
+    req = requests.parse_send(params, inline=parsed_inline(request))
+    return await tasks.send_streaming(relay, caller, req)
 
 
 async def get_task(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:

@@ -46,7 +46,7 @@ def _record(caller: Caller, action: str, why: str, config_id: str) -> Record:
 
 def _create(store: Store, caller: Caller, task_id: str, push: NewPush) -> PushConfig:
     task = caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
-    check_push(store, task.workspace, push, "url")
+    check_push(push, "url", store.push_allow_private(task.workspace))
     record = _record(caller, "push.config", "a push config on a task it may see", push.id or "")
     try:
         return store.add_push_config(task.workspace, task.id, task.caller, push, record=record)

@@ -216,6 +216,9 @@ class SendRequest:
     history_length: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     push: NewPush | None = None
+    inline: bool = True
+    """The body was parsed on the event loop (:func:`melchior.mellan.relay.body.parsed_inline`),
+    so the door may encode the message there too; else it does so in a worker thread."""
 
     @property
     def task_id(self) -> str | None:
@@ -228,7 +231,7 @@ class SendRequest:
         return value if isinstance(value, str) and value else None
 
 
-def parse_send(params: Any) -> SendRequest:
+def parse_send(params: Any, *, inline: bool = True) -> SendRequest:
     p = camel(_obj(params, "params"), "params")
     message = check_message(p.get("message"))
     config = camel(_opt_obj(p, "configuration", "configuration") or {}, "configuration")
@@ -240,7 +243,7 @@ def parse_send(params: Any) -> SendRequest:
     if config.get("taskPushNotificationConfig"):
         name = "configuration.taskPushNotificationConfig"
         push = push_config(config["taskPushNotificationConfig"], name)
-    return SendRequest(message, bool(ret), hist, metadata, push)
+    return SendRequest(message, bool(ret), hist, metadata, push, inline)
 
 
 def _bounded(parent: Mapping[str, Any], key: str, name: str, most: int) -> str | None:
