@@ -15,9 +15,9 @@ Two numbers, each measured on both servers in the same run and printed with thei
   rate moves with the neighbours' load, the CPU a request costs much less.
 * **stream event latency** — ``SendStreamingMessage``; the producer emits ``EVENTS``
   status updates carrying ``time.time_ns()`` at emission and the streaming client
-  records arrival. On mellan the producer is a receiver on the receiver API (claim, then
-  ``progress`` over HTTP; the stream reads stored events); on the reference it is the
-  in-process executor (its event queue).
+  records arrival. On mellan the producer is a receiver on the receiver API, in its own
+  process (claim, then ``progress`` over HTTP: stored, then streamed); on the reference
+  it is the in-process executor (its event queue).
 
 Each server runs in its own process (this script with ``--serve``), each on a fresh
 database of the same engine: PostgreSQL (``$MELCHIOR_TEST_PG``) and SQLite, in turn
@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -311,12 +310,14 @@ async def accepted_per_second(info: dict[str, str], pid: int) -> tuple[float, fl
             await c.close()
 
 
-def mellan_producer(info: dict[str, str], stop: threading.Event) -> None:
-    """The receiver side for mellan's stream latency: stamp each event as it is sent."""
+def mellan_producer(info: dict[str, str]) -> None:
+    """The receiver side for mellan's stream latency, in a process of its own as a receiver
+    is (in the driver's process its HTTP client would share a GIL with the stream reader
+    and delay both): stamp each event as it is sent. Runs until terminated."""
     from melchior.mellan.client.receiver_api import ReceiverClient
 
     with ReceiverClient(info["url"], info["receiver"]) as rc:
-        while not stop.is_set():
+        while True:
             for lease in rc.claim(wait=0.5, limit=10):
                 if (lease.payload or {}).get("parts", [{}])[0].get("text") != "stream":
                     rc.complete(lease.task_id, lease.epoch, {})
@@ -408,19 +409,19 @@ def run_engine(engine: str) -> dict[str, dict[str, float]]:
         tmp = Path(d)
         for kind in ("mellan", "reference", "reference-memory"):
             proc, info = start(kind, dbs[kind], tmp)
-            stop = threading.Event()
             producer = None
             try:
                 with profiled(proc.pid, f"{engine}-{kind}"):
                     rate, cpu, client = asyncio.run(accepted_per_second(info, proc.pid))
                 if kind == "mellan":
-                    producer = threading.Thread(target=mellan_producer, args=(info, stop))
-                    producer.start()
+                    producer = subprocess.Popen(
+                        [sys.executable, __file__, "--produce", "--info", str(tmp / "mellan.json")]
+                    )
                 lat = asyncio.run(stream_latencies(info))
             finally:
-                stop.set()
                 if producer is not None:
-                    producer.join()
+                    producer.terminate()
+                    producer.wait()
                 proc.terminate()
                 proc.wait()
             if len(lat) < STREAMS * EVENTS * 0.9:
@@ -482,10 +483,13 @@ def report(engine: str, results: dict[str, dict[str, float]]) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", choices=["mellan", "reference", "reference-memory"])
+    ap.add_argument("--produce", action="store_true", help="be mellan's stream producer")
     ap.add_argument("--db")
     ap.add_argument("--info", type=Path)
     ns = ap.parse_args()
-    if ns.serve == "mellan":
+    if ns.produce:
+        mellan_producer(json.loads(ns.info.read_text()))
+    elif ns.serve == "mellan":
         serve_mellan(ns.db, ns.info)
     elif ns.serve in ("reference", "reference-memory"):
         serve_reference(ns.db, ns.info, memory=ns.serve == "reference-memory")

@@ -15,7 +15,9 @@ from starlette.concurrency import run_in_threadpool
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
 from melchior.mellan.relay.facts import DoorFacts
+from melchior.mellan.relay.fresh import FreshEvents
 from melchior.mellan.relay.limits import SendLimits
+from melchior.mellan.relay.memo import Memo
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store, StoreUnavailable
@@ -58,6 +60,12 @@ class Relay:
     """The replica's wake-up sender (made and run by the app's lifespan unless given)."""
     credentials: Credentials = field(init=False, repr=False)
     """Live credentials remembered for a moment (see :class:`~.auth.Credentials`)."""
+    held: Memo[tuple[str, str, str], bool] = field(init=False, repr=False)
+    """(workspace, receiving agent, task) seen to be that agent's task — by its claim or a
+    check — so its reports skip the check (:func:`.receiver_api._as_receiver`). Never
+    stale: a task's receiver does not change."""
+    fresh: FreshEvents = field(init=False, repr=False)
+    """Events this replica just committed, handed to its own streams (:mod:`.fresh`)."""
     facts: DoorFacts = field(init=False, repr=False)
     """Agents, grants and routes as the door read them, remembered for a moment
     (:mod:`.facts`); whoever changes one on this replica calls ``facts.forget()``."""
@@ -76,6 +84,9 @@ class Relay:
         self.batcher = Batcher(self)
         self.credentials = Credentials()
         self.facts = DoorFacts()
+        self.fresh = FreshEvents()
+        self.held = Memo(ttl=3600.0, size=65536)
+        self.store.set_witness(self.fresh.note)
         self.presence = Presence()
         self.store.set_tally(self.metrics.tally)
 

@@ -41,6 +41,13 @@ class Notifier(Protocol):
         """Wake every waiter on ``topic`` (on every replica, for networked notifiers)."""
         ...
 
+    def listen(self, topic: str, timeout: float) -> asyncio.Future[bool]:
+        """A future that turns True when ``topic`` is published, or False once ``timeout``
+        passes — listening from the moment it returns, so a caller can arm it, read the
+        store, then await it without missing a publish in between (and without a loop
+        pass to let a task register). Cancel it to stop listening."""
+        ...
+
     async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
         """Wait until ``topic`` is published or ``timeout`` passes; True if woken."""
         ...
@@ -48,19 +55,21 @@ class Notifier(Protocol):
 
 class LocalNotifier:
     """Wake-ups inside one process. Must be used from the event loop's thread, except
-    ``publish`` which is safe from worker threads."""
+    ``publish`` which is safe from worker threads.
+
+    A waiter is a bare future with a timer, not a task: a publish reaches the code
+    waiting on it in one loop pass (a stream's event is that much sooner on its way)."""
 
     def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
-        for events in self._waiters.values():
-            for ev in events:
-                ev.set()
+        for topic in list(self._waiters):
+            self._wake(topic)
 
     def publish(self, topic: str) -> None:
         loop = self._loop
@@ -76,22 +85,32 @@ class LocalNotifier:
             loop.call_soon_threadsafe(self._wake, topic)
 
     def _wake(self, topic: str) -> None:
-        for ev in self._waiters.get(topic, ()):
-            ev.set()
+        for fut in list(self._waiters.get(topic, ())):
+            if not fut.done():
+                fut.set_result(True)
+
+    def listen(self, topic: str, timeout: float) -> asyncio.Future[bool]:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        fut: asyncio.Future[bool] = loop.create_future()
+        waiters = self._waiters[topic]
+        waiters.add(fut)
+        timer = loop.call_later(timeout, _settle, fut)
+
+        def gone(_: asyncio.Future[bool]) -> None:
+            timer.cancel()
+            waiters.discard(fut)
+            if not waiters and self._waiters.get(topic) is waiters:
+                del self._waiters[topic]
+
+        fut.add_done_callback(gone)
+        return fut
 
     async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        ev = asyncio.Event()
-        self._waiters[topic].add(ev)
-        try:
-            await asyncio.wait_for(ev.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            waiters = self._waiters.get(topic)
-            if waiters is not None:
-                waiters.discard(ev)
-                if not waiters:
-                    del self._waiters[topic]
+        return await self.listen(topic, timeout)
+
+
+def _settle(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

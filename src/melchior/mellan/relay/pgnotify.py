@@ -119,6 +119,9 @@ class PgNotifier:
         else:
             loop.call_soon_threadsafe(self._arm)
 
+    def listen(self, topic: str, timeout: float) -> asyncio.Future[bool]:
+        return self._local.listen(topic, timeout)
+
     async def wait(self, topic: str, timeout: float) -> bool:  # noqa: ASYNC109 (the answer is woken or not)
         return await self._local.wait(topic, timeout)
 

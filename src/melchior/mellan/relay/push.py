@@ -149,10 +149,11 @@ class Pusher:
 
     async def _wait(self) -> None:
         """Until something may be due: a change on this replica (the store's wake-up), a
-        slot freed while rows wait, or the poll interval; never more often than MIN_GAP."""
-        await asyncio.sleep(MIN_GAP)
-        waiter = asyncio.ensure_future(self.relay.notifier.wait(PUSH_TOPIC, self.poll))
-        freed = asyncio.ensure_future(self._slot_freed.wait())
+        slot freed while rows wait, or the poll interval; then MIN_GAP more, so a burst of
+        changes is looked at once — and the look (a thread hop and a query) stays out of
+        the way of the write that woke it, whose stream is being served right then."""
+        waiter = self.relay.notifier.listen(PUSH_TOPIC, self.poll)
+        freed: asyncio.Future[bool] = asyncio.ensure_future(self._slot_freed.wait())
         try:
             await asyncio.wait({waiter, freed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -161,6 +162,7 @@ class Pusher:
                 with contextlib.suppress(BaseException):
                     await f
             self._slot_freed.clear()
+        await asyncio.sleep(MIN_GAP)
 
     async def _one(self, http: httpx.AsyncClient, row: PushDelivery) -> None:
         parts = urlsplit(row.config.url)

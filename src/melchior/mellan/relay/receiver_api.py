@@ -82,7 +82,15 @@ from melchior.mellan.relay.http import (
 )
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.presence import receiver_info, seen
-from melchior.mellan.relay.store.base import Lease, Outcome, Principal, Task, TaskTurn, Verdict
+from melchior.mellan.relay.store.base import (
+    Lease,
+    Outcome,
+    Principal,
+    Store,
+    Task,
+    TaskTurn,
+    Verdict,
+)
 from melchior.mellan.relay.taskroutes import lease_route
 from melchior.policy.presence import MAX_WAIT as ONLINE_MAX_WAIT
 from melchior.policy.visibility import may_see_task
@@ -174,13 +182,16 @@ async def claim(request: Request) -> Response:
         relay.metrics.pickups.inc(len(leases), via=via)
     views = []
     for lease in leases:
+        relay.held.put((me.workspace, me.subject, lease.task.id), True)
         turns = await relay.call(relay.store.turns, lease.task.id) if lease.task.turn > 1 else None
         views.append(lease_view(lease, turns))
     return JSON({"leases": views})
 
 
-async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
-    task = await relay.call(relay.store.get_task, me.workspace, task_id)
+def _mine(store: Store, me: Principal, task_id: str) -> Task:
+    """The task, if this agent is its receiver (a worker-thread call); else a 404 that
+    does not tell whether the task exists."""
+    task = store.get_task(me.workspace, task_id)
     if task is None or not may_see_task(viewer_of(me), parties_of(task), party="receiver"):
         raise ApiError(
             404,
@@ -191,8 +202,37 @@ async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
     return task
 
 
+async def _own_task(relay: Relay, me: Principal, task_id: str) -> Task:
+    return await relay.call(_mine, relay.store, me, task_id)
+
+
+async def _as_receiver(
+    relay: Relay, me: Principal, task_id: str, write: Callable[[], Verdict]
+) -> Verdict:
+    """Check that the task is this agent's, then make the fenced ``write``, in one
+    worker-thread call. Whose task it is never changes, so once a claim or a check has
+    shown it (:attr:`Relay.held`) the check is not read again: a receiver's reports —
+    a stream's events — each pay one hop from the event loop and one transaction.
+    ``write`` also encodes what it stores there: a body of any allowed size is never
+    re-encoded on the loop."""
+    key = (me.workspace, me.subject, task_id)
+    known = relay.held.get(key) is not None
+
+    def go() -> Verdict:
+        if not known:
+            _mine(relay.store, me, task_id)
+        return write()
+
+    verdict = await relay.call(go)
+    if not known:
+        relay.held.put(key, True)
+    return verdict
+
+
 def _fenced(relay: Relay, me: Principal, task_id: str, verdict: Verdict) -> Response:
-    """Answer a fenced write as the store decided and audited it (with its reason)."""
+    """Answer a fenced write as the store decided and audited it (with its reason). The
+    store has published the task's change after its commit: a second wake-up here would
+    only make every stream following the task read it twice."""
     if verdict.outcome is Outcome.LEASE_LOST:
         return error_response(
             409,
@@ -207,7 +247,6 @@ def _fenced(relay: Relay, me: Principal, task_id: str, verdict: Verdict) -> Resp
             f"no task {task_id!r} for agent {me.subject!r}",
             {"outcome": verdict.outcome.value},
         )
-    relay.notifier.publish(task_topic(task_id))
     return JSON({"outcome": verdict.outcome.value})
 
 
@@ -217,10 +256,12 @@ async def renew(request: Request) -> Response:
     body = await read_object(request, relay)
     epoch = field_int(body, "epoch", None, 0, 2**62)
     lease_seconds = field_number(body, "lease_seconds", 30.0, 1.0, 3600.0)
-    await _own_task(relay, me, task_id)
     await seen(relay, me)
-    outcome = await relay.call(
-        relay.store.renew, task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)
+    outcome = await _as_receiver(
+        relay,
+        me,
+        task_id,
+        lambda: relay.store.renew(task_id, epoch, lease_seconds=lease_seconds, actor=actor(me)),
     )
     return _fenced(relay, me, task_id, outcome)
 
@@ -236,9 +277,11 @@ async def progress(request: Request) -> Response:
     event = body.get("body")
     if not isinstance(event, dict):
         raise ApiError(400, "bad-request", "'body' must be a JSON object")
-    await _own_task(relay, me, task_id)
-    outcome = await relay.call(
-        relay.store.progress, task_id, epoch, kind, encode(event), actor=actor(me)
+    outcome = await _as_receiver(
+        relay,
+        me,
+        task_id,
+        lambda: relay.store.progress(task_id, epoch, kind, encode(event), actor=actor(me)),
     )
     return _fenced(relay, me, task_id, outcome)
 
@@ -266,14 +309,13 @@ async def complete(request: Request) -> Response:
     epoch = field_int(body, "epoch", None, 0, 2**62)
     result = _check_result(body.get("result", {}))
     input_required = field_bool(body, "input_required", False)
-    await _own_task(relay, me, task_id)
-    outcome = await relay.call(
-        relay.store.complete,
+    outcome = await _as_receiver(
+        relay,
+        me,
         task_id,
-        epoch,
-        encode(result),
-        input_required=input_required,
-        actor=actor(me),
+        lambda: relay.store.complete(
+            task_id, epoch, encode(result), input_required=input_required, actor=actor(me)
+        ),
     )
     return _fenced(relay, me, task_id, outcome)
 
@@ -420,8 +462,9 @@ async def cancel_ack(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     body = await read_object(request, relay)
     epoch = field_int(body, "epoch", None, 0, 2**62)
-    await _own_task(relay, me, task_id)
-    outcome = await relay.call(relay.store.ack_cancel, task_id, epoch, actor=actor(me))
+    outcome = await _as_receiver(
+        relay, me, task_id, lambda: relay.store.ack_cancel(task_id, epoch, actor=actor(me))
+    )
     return _fenced(relay, me, task_id, outcome)
 
 

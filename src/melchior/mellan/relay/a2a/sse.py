@@ -21,6 +21,11 @@ from melchior.mellan.relay.a2a import jsontext
 KEEPALIVE_SECONDS = 15.0
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
+QUIET: dict[str, Any] = {}
+"""Yielded (this very object) by an event source that looked and found nothing new, so
+the stream can say it is alive: the source is driven in the response's own task, with
+no task or wait per event between an event and its frame."""
+
 
 _LINE_SEPARATORS = (("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
 
@@ -43,31 +48,24 @@ async def _frames(
     on_error: Callable[[Exception], Any],
     keepalive: float,
 ) -> AsyncIterator[bytes]:
-    it = events.__aiter__()
-    pending: asyncio.Future[dict[str, Any]] | None = None
+    """Frames of ``events``; a comment when :data:`QUIET` comes ``keepalive`` seconds or
+    more after the last frame (the source must look at least that often: ``follow``
+    does every poll interval)."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
     try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=keepalive)
-            if not done:
-                yield b": keepalive\n\n"
+        async for event in events:
+            if event is QUIET:
+                if loop.time() - last >= keepalive:
+                    last = loop.time()
+                    yield b": keepalive\n\n"
                 continue
-            fut, pending = pending, None
-            try:
-                event = fut.result()
-            except StopAsyncIteration:
-                return
-            except Exception as exc:  # a failure mid-stream becomes an ``error`` event
-                yield frame(on_error(exc), "error")
-                return
+            last = loop.time()
             yield frame(wrap(event))
+    except Exception as exc:  # a failure mid-stream becomes an ``error`` event
+        yield frame(on_error(exc), "error")
     finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        aclose = getattr(it, "aclose", None)
+        aclose = getattr(events, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(BaseException):
                 await aclose()

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
-from melchior.mellan.relay.a2a import admission, views
+from melchior.mellan.relay.a2a import admission, sse, views
 from melchior.mellan.relay.a2a.access import Caller
 from melchior.mellan.relay.a2a.errors import (
     TaskNotCancelable,
@@ -115,7 +115,9 @@ async def follow(
     """``StreamResponse`` objects for one task: the Task snapshot first, then stored events
     and state changes as they happen. A send's stream ends at a terminal or interrupted
     state; a subscription (``until_terminal``) stays open through input-required turns
-    until the task ends. The last event always carries the state the stream ended in."""
+    until the task ends. The last event always carries the state the stream ended in.
+    After a look that found nothing new it yields :data:`~.sse.QUIET` (at least every
+    poll interval while the task is quiet), for the stream's keepalives."""
 
     def over(state: TaskState) -> bool:
         return state.terminal if until_terminal else views.ends_stream(state)
@@ -133,23 +135,37 @@ async def follow(
             a["artifactId"] for a in views.artifacts_of(current, seen.events, seen.turns)
         }
         last_state, last_turn = current.state, current.turn
+
+        def updates(events: list[TaskEvent]) -> list[dict[str, Any]]:
+            out = views.event_updates(current, events)
+            for update in out:
+                if "artifactUpdate" in update:
+                    seen_artifacts.add(update["artifactUpdate"]["artifact"]["artifactId"])
+            return out
+
         while not over(last_state):
             await waker.wait()
             await waker.arm()
+            handed = relay.fresh.after(task.id, last_seq)
+            if handed:  # written through this replica just now: yielded before the read
+                for update in updates(handed):
+                    yield update
+                last_seq = handed[-1].seq
             fresh_seen = await relay.call(_read, relay.store, task.workspace, task.id, last_seq)
             if fresh_seen is None:
                 return
             current, fresh = fresh_seen.task, fresh_seen.events
-            for update in views.event_updates(current, fresh):
-                if "artifactUpdate" in update:
-                    seen_artifacts.add(update["artifactUpdate"]["artifact"]["artifactId"])
+            for update in updates(fresh):
                 yield update
             if fresh:
                 last_seq = fresh[-1].seq
             if current.state is not last_state or current.turn != last_turn:
-                for update in views.state_updates(current, fresh, seen_artifacts):
+                told = [*handed, *fresh]  # as one read would have returned them
+                for update in views.state_updates(current, told, seen_artifacts):
                     yield update
                 last_state, last_turn = current.state, current.turn
+            elif not handed and not fresh:
+                yield sse.QUIET  # looked, nothing new: the stream may say it is alive
     finally:
         waker.close()
 

@@ -24,10 +24,9 @@ class Waker:
         self._waiter: asyncio.Future[bool] | None = None
 
     async def arm(self) -> None:
-        """Start listening; call before reading the store."""
+        """Start listening (at once: no loop pass); call before reading the store."""
         if self._waiter is None:
-            self._waiter = asyncio.ensure_future(self._notifier.wait(self._topic, self._poll))
-            await asyncio.sleep(0)  # let the waiter register its interest
+            self._waiter = self._notifier.listen(self._topic, self._poll)
 
     async def wait(self) -> None:
         """Until the topic is published or the poll interval passes."""

@@ -20,6 +20,7 @@ from melchior.mellan.relay.store.base import (
     Agent,
     AuditRecord,
     Capability,
+    Chained,
     Grant,
     NewTask,
     Outcome,
@@ -192,6 +193,28 @@ def turn_from_row(r: RowLike) -> TaskTurn:
         epoch=r["epoch"],
         finished_at=iso_or_none(r["finished_at"]),
     )
+
+
+class Committed(Protocol):
+    topics: list[str]
+    tallies: list[str]
+    written: list[Chained]
+
+
+def after_commit(
+    tx: Committed,
+    publish: Callable[[str], None] | None,
+    tally: Callable[[Sequence[str]], None] | None,
+    witness: Callable[[Sequence[Chained]], None] | None,
+) -> None:
+    """What a store does once a transaction committed, in this order: tell the witness
+    the events written (so a stream woken next finds them handed over), publish the
+    wake-ups, count. None of it may fail the committed call."""
+    if witness is not None and tx.written:
+        with suppress(Exception):
+            witness(tx.written)
+    publish_all(publish, tx.topics)
+    tally_all(tally, tx.tallies)
 
 
 def publish_all(publish: Callable[[str], None] | None, topics: Iterable[str]) -> None:

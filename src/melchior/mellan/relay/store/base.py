@@ -421,6 +421,15 @@ class TaskEvent:
     turn: int = 1  # the turn it was reported in
 
 
+class Chained(NamedTuple):
+    """An event as its transaction wrote it, with the seq of the task's event before it
+    (0: none). Events of one task are written in turns (each writer holds the task's row),
+    so ``prev`` is exactly the event a reader must have seen for ``event`` to come next."""
+
+    prev: int
+    event: TaskEvent
+
+
 @dataclass(frozen=True)
 class TaskTurn:
     """A finished turn of a task that went on: the caller's message that started it and
@@ -707,6 +716,12 @@ class Store(Protocol):
 
     def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
         """Install the after-commit counter callback (the relay's metrics)."""
+        ...
+
+    def set_witness(self, witness: Callable[[Sequence[Chained]], None] | None) -> None:
+        """Install the after-commit callback told of every event a commit wrote, each with
+        its predecessor, *before* the commit's wake-ups are published (the relay hands
+        them to its own streams without a read: :mod:`melchior.mellan.relay.fresh`)."""
         ...
 
     # -- send limits (schema v8) ------------------------------------------------------------

@@ -34,6 +34,7 @@ from melchior.mellan.relay.store._queries import ReadQueries
 from melchior.mellan.relay.store.base import (
     Agent,
     Capability,
+    Chained,
     Conflict,
     CredentialKind,
     FollowUp,
@@ -75,6 +76,8 @@ class Tx(PushTx, RetentionTx, RouteTx, Protocol):
     topics: list[str]
     tallies: list[str]
     """What the transaction did, counted after COMMIT (:data:`TALLIES`)."""
+    written: list[Chained]
+    """The events it wrote, told to the witness after COMMIT (before the wake-ups)."""
 
     # -- control plane ------------------------------------------------------------------------
     def workspace_exists(self, workspace: str) -> bool: ...
@@ -127,7 +130,12 @@ class Tx(PushTx, RetentionTx, RouteTx, Protocol):
     def task_row(self, task_id: str, workspace: str | None = None) -> Row | None: ...
     def lock_task(self, task_id: str, workspace: str | None = None) -> Row | None: ...
     def cancel_task(self, workspace: str, task_id: str, grace_ms: int) -> Row | None: ...
-    def insert_event(self, task_id: str, kind: str, body: str) -> Row: ...
+    def insert_event(self, task_id: str, kind: str, body: str, note: C.Note | None = None) -> Row:
+        """The new event's row, with ``prev``: the seq of the task's event before it; with
+        ``note``, its audit record too (in the same statement where the dialect can: a
+        stream waits for this commit)."""
+        ...
+
     def settle_expired(self, workspace: str | None, receiver: str | None) -> Sequence[Row]: ...
     def claim(
         self, workspace: str, receiver: str, owner: str, limit: int, ttl_ms: int
@@ -178,9 +186,13 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
 
     cancel_grace_ms: int
     tally: Callable[[Sequence[str]], None] | None = None
+    witness: Callable[[Sequence[Chained]], None] | None = None
 
     def set_tally(self, tally: Callable[[Sequence[str]], None] | None) -> None:
         self.tally = tally
+
+    def set_witness(self, witness: Callable[[Sequence[Chained]], None] | None) -> None:
+        self.witness = witness
 
     def _transact(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction; publish ``tx.topics`` after COMMIT."""
@@ -538,17 +550,23 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
 
     def append_event(self, task_id: str, kind: str, body: str) -> TaskEvent:
         def go(tx: Tx) -> TaskEvent:
-            if tx.task_row(task_id) is None:
+            if tx.lock_task(task_id) is None:  # events of a task are written in turns
                 raise NotFoundError(f"unknown task {task_id!r}")
             return self._event(tx, task_id, kind, body)
 
         return self._transact(go)
 
     @staticmethod
-    def _event(tx: Tx, task_id: str, kind: str, body: str) -> TaskEvent:
-        row = tx.insert_event(task_id, kind, body)
+    def _event(tx: Tx, task_id: str, kind: str, body: str, note: C.Note | None = None) -> TaskEvent:
+        """Store an event (and ``note``, its record, written with it) in the open
+        transaction, which must hold the task's row (so ``prev`` is exact)."""
+        row = tx.insert_event(task_id, kind, body, note)
         tx.topics.append(task_topic(task_id))
-        return C.event_from_row(row)
+        if note is not None:
+            tx.topics.append(audit_topic(note.workspace))
+        event = C.event_from_row(row)
+        tx.written.append(Chained(int(row["prev"]), event))
+        return event
 
     # -- tasks: receiver side -----------------------------------------------------------------
     def _settle(self, tx: Tx, workspace: str | None, receiver: str | None) -> int:
@@ -697,11 +715,12 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
             live = tx.live_lease(task_id, epoch)
             if live is None:
                 return self._not_live(tx, task_id, epoch, actor, "task.progress")
-            self._event(tx, task_id, kind, body)
             ok = Verdict(Outcome.OK)
+            note = None
             if actor is not None:
                 fence = C.FencedWrite(actor, "task.progress", {"kind": kind})
-                self._notes(tx, [fence.note(live["workspace"], task_id, epoch, ok)])
+                note = fence.note(live["workspace"], task_id, epoch, ok)
+            self._event(tx, task_id, kind, body, note)
             return ok
 
         return self._transact(go)

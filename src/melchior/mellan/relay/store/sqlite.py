@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
+    Chained,
     NewPush,
     NewRoute,
     NewTask,
@@ -53,6 +54,7 @@ class _Tx:
     grace_ms: int = 0
     topics: list[str] = field(default_factory=list)
     tallies: list[str] = field(default_factory=list)
+    written: list[Chained] = field(default_factory=list)
 
     def one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
@@ -305,13 +307,21 @@ class _Tx:
             {"now": self.now, "grace": grace_ms, "ws": workspace, "id": task_id},
         )
 
-    def insert_event(self, task_id: str, kind: str, body: str) -> sqlite3.Row:
+    def insert_event(
+        self, task_id: str, kind: str, body: str, note: C.Note | None = None
+    ) -> sqlite3.Row:
+        """Two statements with a ``note`` (SQLite has no writing CTEs; in-process, they
+        cost no round trip)."""
         row = self.one(
             "INSERT INTO task_event (task_id, at, kind, body, turn)"
-            " SELECT ?, ?, ?, ?, turn FROM task WHERE id = ? RETURNING *",
+            " SELECT ?, ?, ?, ?, turn FROM task WHERE id = ?"
+            " RETURNING *, (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e"
+            " WHERE e.task_id = task_event.task_id AND e.seq < task_event.seq) AS prev",
             (task_id, self.now, kind, body, task_id),
         )
         assert row is not None
+        if note is not None:
+            self.insert_audit([note])
         return row
 
     def settle_expired(self, workspace: str | None, receiver: str | None) -> list[sqlite3.Row]:
@@ -891,8 +901,7 @@ class SQLiteStore(QueueStore):
             if isinstance(failure, sqlite3.Error) and _unavailable(failure):
                 raise StoreUnavailable(f"sqlite: {failure}") from failure
             raise failure
-        C.publish_all(self._publish, tx.topics)
-        C.tally_all(self.tally, tx.tallies)
+        C.after_commit(tx, self._publish, self.tally, self.witness)
 
     def _finish_group(self, group: _Group) -> None:
         """COMMIT (or, if a member could not be isolated, roll back) the open group and
@@ -926,8 +935,7 @@ class SQLiteStore(QueueStore):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        C.publish_all(self._publish, tx.topics)
-        C.tally_all(self.tally, tx.tallies)
+        C.after_commit(tx, self._publish, self.tally, self.witness)
 
     def settle(self, lost: StoreUnavailable, timeout: float = 5.0) -> bool:
         """Nothing to wait for: a SQLite COMMIT has happened or not by the time the call
