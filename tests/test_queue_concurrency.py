@@ -245,3 +245,53 @@ def test_zombie_reports_after_real_expiry(db_url: str, tmp_path: Path) -> None:
     # ~10 % of runs stall; half of those wait until another receiver took the task over
     assert fenced > 0
     s.close()
+
+
+def test_concurrent_reports_chain_every_event_to_the_one_before(db_url: str) -> None:
+    """Four threads report on one task at once (the progress statement on PostgreSQL, the
+    transaction on SQLite) and others append events: each event the witness hears of
+    names as its predecessor exactly the task's event before it — what a stream relies on
+    to take it without a read — and each report is audited once."""
+    from melchior.mellan.relay.store.base import Chained
+
+    s = open_store(db_url)
+    seed(s)
+    heard: list[Chained] = []
+    lock = threading.Lock()
+
+    def witness(written: Any) -> None:
+        with lock:
+            heard.extend(written)
+
+    s.set_witness(witness)
+    ((task, _),) = s.enqueue_many([new_task()])
+    (lease,) = s.claim(WS, "private/ops", "w", limit=1)
+    errors: list[BaseException] = []
+
+    def report(i: int) -> None:
+        try:
+            for n in range(25):
+                body = json.dumps({"n": f"{i}-{n}"})
+                if i == 3:
+                    s.append_event(task.id, "status", body)
+                else:
+                    verdict = s.progress(task.id, lease.epoch, "status", body, actor="agent:r")
+                    assert verdict.outcome is Outcome.OK
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=report, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stored = s.events_after(task.id)
+    assert len(stored) == 100
+    prev = {c.event.seq: c.prev for c in heard}
+    assert [prev[e.seq] for e in stored] == [0, *(e.seq for e in stored[:-1])]
+    assert {c.event for c in heard} == set(stored)
+    records = [r for r in s.audit_since(WS, 0, 10_000) if r.action == "task.progress"]
+    assert len(records) == 75
+    assert all(r.subject == task.id and r.allowed for r in records)
+    s.close()

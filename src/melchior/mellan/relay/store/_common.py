@@ -201,6 +201,15 @@ class Committed(Protocol):
     written: list[Chained]
 
 
+@dataclass
+class Effects:
+    """What a write made outside a queue transaction asks for after it commits."""
+
+    topics: list[str] = field(default_factory=list)
+    tallies: list[str] = field(default_factory=list)
+    written: list[Chained] = field(default_factory=list)
+
+
 def after_commit(
     tx: Committed,
     publish: Callable[[str], None] | None,

@@ -310,6 +310,9 @@ SQLITE: tuple[tuple[str, ...], ...] = (
         """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
            WHERE state IN ('queued','leased','input_required')""",
     ),
+    # v9 — nothing for SQLite: PostgreSQL's v9 is a function that writes a progress event
+    # in one statement, saving round trips SQLite (in-process) does not pay
+    (),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -597,6 +600,41 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
         )""",
         """CREATE INDEX task_unfinished ON task (workspace, receiver, caller)
            WHERE state IN ('queued','leased','input_required')""",
+    ),
+    # v9 — a progress report in one statement: each statement of a transaction is a round
+    # trip, and a stream waits for this commit. The function takes the task's row (live
+    # lease, this epoch) and only then inserts — each statement of a volatile function
+    # reads afresh, so ``prev`` is exact as in the transaction it replaces — and records
+    # the audit line; no row back: the caller's transaction decides and explains.
+    (
+        """CREATE FUNCTION mellan_report_event(
+            p_task text, p_epoch bigint, p_kind text, p_body text, p_actor text,
+            p_action text, p_rule text, p_reason text, p_detail text, p_request_id text)
+        RETURNS TABLE (seq bigint, task_id text, at timestamptz, kind text, body text,
+                       turn integer, prev bigint, workspace text)
+        LANGUAGE plpgsql VOLATILE AS $$
+        DECLARE
+            ws text;
+        BEGIN
+            SELECT t.workspace INTO ws FROM task t
+             WHERE t.id = p_task AND t.lease_epoch = p_epoch AND t.state = 'leased'
+               FOR NO KEY UPDATE;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+            RETURN QUERY
+                INSERT INTO task_event AS e (task_id, kind, body, turn)
+                SELECT p_task, p_kind, p_body, t.turn FROM task t WHERE t.id = p_task
+                RETURNING e.seq, e.task_id, e.at, e.kind, e.body, e.turn,
+                    (SELECT COALESCE(MAX(x.seq), 0) FROM task_event x
+                      WHERE x.task_id = e.task_id AND x.seq < e.seq), ws;
+            IF p_actor IS NOT NULL THEN
+                INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason,
+                                   detail, request_id)
+                VALUES (ws, p_actor, p_action, p_task, true, p_rule, p_reason, p_detail,
+                        p_request_id);
+            END IF;
+        END $$""",
     ),
 )
 
