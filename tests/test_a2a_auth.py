@@ -142,21 +142,6 @@ def test_revoked_grant_is_refused_at_once_and_audited(tmp_path: Any) -> None:
         assert task_count(server) == before
 
 
-def test_a_grant_revoked_elsewhere_is_refused_within_the_ttl(tmp_path: Any) -> None:
-    """Revoked through the store, as another replica would: this relay remembered the grant
-    (it was just used) and keeps it for at most 2 s (docs/mellan.md)."""
-    with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
-        token = world.tokens["caller"]
-        assert send(server, token).status_code == 200
-        server.store.revoke_grant(WS, world.grant_ids["caller"])
-        deadline = time.monotonic() + 30  # a liveness bound, far above the 2 s ttl
-        while send(server, token).status_code == 200:
-            assert time.monotonic() < deadline, "a revoked grant stayed usable"
-            time.sleep(0.2)
-        assert send(server, token).status_code == 403
-        assert last_refusal(server, WS).rule == "no-grant"
-
-
 def test_missing_and_revoked_credentials_are_401_and_audited(tmp_path: Any) -> None:
     with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
         resp = send(server, None)
@@ -176,18 +161,28 @@ def test_missing_and_revoked_credentials_are_401_and_audited(tmp_path: Any) -> N
         assert len(server.store.audit_since(WS, 0, 10_000)) == n
 
 
-def test_a_credential_revoked_elsewhere_is_refused_within_the_cache_ttl(tmp_path: Any) -> None:
+@pytest.mark.parametrize(("what", "status", "rule"), [
+    ("credential", 401, "credential"), ("grant", 403, "no-grant"),
+])  # fmt: skip
+def test_a_revocation_elsewhere_is_refused_within_the_ttl(
+    tmp_path: Any, what: str, status: int, rule: str
+) -> None:
     """Revoked through the store, as another replica would: this relay remembered the
-    credential as live (it was just used) and keeps it for at most the cache's ttl."""
+    credential and the grant as live (both just used) and keeps them for at most the
+    memo's 2 s (docs/mellan.md)."""
     with running(f"sqlite://{tmp_path / 'r.db'}", receiver=False) as (server, world, _):
         token = world.tokens["caller"]
         assert send(server, token).status_code == 200
-        server.store.revoke_credential(WS, world.credential_ids["caller"])
+        if what == "credential":
+            server.store.revoke_credential(WS, world.credential_ids["caller"])
+        else:
+            server.store.revoke_grant(WS, world.grant_ids["caller"])
         deadline = time.monotonic() + 30  # a liveness bound, far above the 2 s ttl
         while send(server, token).status_code == 200:
-            assert time.monotonic() < deadline, "a revoked credential stayed usable"
+            assert time.monotonic() < deadline, f"a revoked {what} stayed usable"
             time.sleep(0.2)
-        assert send(server, token).status_code == 401
+        assert send(server, token).status_code == status
+        assert last_refusal(server, WS).rule == rule
 
 
 def test_credentials_cache_remembers_only_live_ones_and_only_for_ttl() -> None:

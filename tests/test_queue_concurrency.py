@@ -163,6 +163,26 @@ def test_pg_two_replicas_sweeping(pg_url: str, tmp_path: Path) -> None:
     s.close()
 
 
+def in_threads(n: int, work: Any) -> None:
+    """Run ``work(i)`` for i in 0..n-1, each in its own thread, all at once; the first
+    failure of any of them is raised here, in the test's thread."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def test_threads_share_one_store(db_url: str) -> None:
     """The relay calls one store object from a pool of worker threads."""
     import threading
@@ -174,30 +194,21 @@ def test_threads_share_one_store(db_url: str) -> None:
     wins: list[str] = []
     ok = Outcome.OK
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            while True:
-                leases = s.claim(WS, "private/ops", f"t{i}", limit=3)
-                if not leases:
-                    if not s.list_tasks(WS, states=[TaskState.QUEUED, TaskState.LEASED], limit=1):
-                        return
-                    continue
-                outs = [
-                    v.outcome for v in s.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
-                ]
-                with lock:
-                    wins.extend(x.task.id for x, o in zip(leases, outs, strict=True) if o is ok)
-        except BaseException as exc:  # surfaced below, in the test's thread
-            errors.append(exc)
+        while True:
+            leases = s.claim(WS, "private/ops", f"t{i}", limit=3)
+            if not leases:
+                if not s.list_tasks(WS, states=[TaskState.QUEUED, TaskState.LEASED], limit=1):
+                    return
+                continue
+            outs = [
+                v.outcome for v in s.complete_many([(x.task.id, x.epoch, "{}") for x in leases])
+            ]
+            with lock:
+                wins.extend(x.task.id for x, o in zip(leases, outs, strict=True) if o is ok)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(6, work)
     assert len(wins) == len(set(wins)) == n
     assert len(s.list_tasks(WS, states=[TaskState.SUCCEEDED], limit=n + 1)) == n
     s.close()
@@ -266,26 +277,17 @@ def test_concurrent_reports_chain_every_event_to_the_one_before(db_url: str) -> 
     s.set_witness(witness)
     ((task, _),) = s.enqueue_many([new_task()])
     (lease,) = s.claim(WS, "private/ops", "w", limit=1)
-    errors: list[BaseException] = []
 
     def report(i: int) -> None:
-        try:
-            for n in range(25):
-                body = json.dumps({"n": f"{i}-{n}"})
-                if i == 3:
-                    s.append_event(task.id, "status", body)
-                else:
-                    verdict = s.progress(task.id, lease.epoch, "status", body, actor="agent:r")
-                    assert verdict.outcome is Outcome.OK
-        except BaseException as exc:  # surfaced below, in the test's thread
-            errors.append(exc)
+        for n in range(25):
+            body = json.dumps({"n": f"{i}-{n}"})
+            if i == 3:
+                s.append_event(task.id, "status", body)
+            else:
+                verdict = s.progress(task.id, lease.epoch, "status", body, actor="agent:r")
+                assert verdict.outcome is Outcome.OK
 
-    threads = [threading.Thread(target=report, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(4, report)
     stored = s.events_after(task.id)
     assert len(stored) == 100
     prev = {c.event.seq: c.prev for c in heard}
