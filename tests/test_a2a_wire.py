@@ -316,6 +316,7 @@ def test_sse_frames_keepalive_and_a_late_error() -> None:
     async def events() -> Any:
         yield {"task": {"id": "t"}}
         await asyncio.sleep(0.2)
+        yield sse.QUIET  # looked, nothing new (a stream's source does so every poll interval)
         raise TaskNotFound(metadata={"taskId": "t"})
 
     async def collect() -> bytes:
