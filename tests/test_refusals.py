@@ -85,7 +85,9 @@ def test_every_documented_socket_refusal_names_its_rule(harness: Harness) -> Non
     provoke("unknown-verb", {"call": "dance", "args": []})
     provoke("bad-args", {"call": "tell", "args": [42]})
     provoke("bad-from", {"call": "tell", "args": ["x"], "from": "not an id"})
-    provoke("unknown-sender", {"call": "tell", "args": ["x"], "from": "omega-omega"})
+    live = {root.id, stranger.id, child.id}  # ids are minted at random: pick one not minted
+    nobody = next(i for i in ("omega-omega", "omega-psi", "psi-omega", "psi-psi") if i not in live)
+    provoke("unknown-sender", {"call": "tell", "args": ["x"], "from": nobody})
     provoke("anonymous", {"call": "ask", "args": ["who am I talking to?"]})
     provoke("bad-chain", {"call": "tell", "args": ["x"], "chain": {"chain": "", "hop": 1}})
     provoke("refused", {"call": "tell", "args": ["x"], "chain": hop5})
