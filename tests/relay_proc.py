@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,13 +51,19 @@ class RelayProc:
         return self.client(self.owner_token)
 
     def stop(self) -> int:
+        """SIGTERM and wait; a relay still running after 20 s is asked for its threads'
+        stacks (SIGUSR1), killed, and its last lines printed (shown with the failure)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 self.proc.kill()
                 self.proc.wait()
+                time.sleep(0.2)  # let the drain thread take the dump
+                print("relay did not stop; its last lines:", *self.lines[-200:], sep="\n")
         rest = self.proc.stdout.read() if self.proc.stdout else ""
         self.lines += rest.splitlines()
         return int(self.proc.returncode)

@@ -391,3 +391,22 @@ def test_migrate_as_a_role_that_may_not_set_replication_role(tmp_path: Path, pg_
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute(f'DROP OWNED BY "{role}"')
             admin.execute(f'DROP ROLE "{role}"')
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_relay_keeps_serving(tmp_path: Path) -> None:
+    """For a relay that seems stuck: ``kill -USR1`` prints where each thread is."""
+    import signal
+    import time
+
+    relay = start_relay(f"sqlite://{tmp_path / 'r.db'}", tmp_path)
+    try:
+        relay.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30  # a liveness bound for the dump to arrive
+        while not any("most recent call first" in line for line in relay.lines):
+            assert time.monotonic() < deadline, relay.lines[-20:]
+            time.sleep(0.1)
+        assert any(line.startswith(("Current thread 0x", "Thread 0x")) for line in relay.lines)
+        with relay.client() as c:
+            assert c.get("/healthz").status_code == 200
+    finally:
+        assert relay.stop() == 0

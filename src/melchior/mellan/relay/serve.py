@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import ipaddress
 import json
 import signal
@@ -383,6 +384,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, server.handle_exit)
             signal.signal(signal.SIGHUP, server.handle_hup)
+            # SIGUSR1: every thread's stack to stderr, for a relay that seems stuck (a
+            # shutdown that does not end, a request that never answers); it keeps running
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",
