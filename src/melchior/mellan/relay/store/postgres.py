@@ -344,29 +344,14 @@ class _Tx:
             {"grace": grace_ms, "ws": workspace, "id": task_id},
         )
 
-    def insert_event(self, task_id: str, kind: str, body: str, note: C.Note | None = None) -> Row:
-        """With ``note``, one statement writes the event and its audit record (a stream
-        waits for this commit: one round trip fewer)."""
-        event = (
+    def insert_event(self, task_id: str, kind: str, body: str) -> Row:
+        row = self.one(
             "INSERT INTO task_event (task_id, kind, body, turn)"
             " SELECT %s, %s, %s, turn FROM task WHERE id = %s"
             " RETURNING *, (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e"
-            " WHERE e.task_id = task_event.task_id AND e.seq < task_event.seq) AS prev"
+            " WHERE e.task_id = task_event.task_id AND e.seq < task_event.seq) AS prev",
+            (task_id, kind, body, task_id),
         )
-        params: list[Any] = [task_id, kind, body, task_id]
-        if note is None:
-            row = self.one(event, params)
-        else:
-            n = note
-            params += [n.workspace, n.actor, n.action, n.subject, n.allowed, n.rule, n.reason,
-                       json.dumps(n.detail), n.request_id]  # fmt: skip
-            row = self.one(
-                f"WITH ev AS ({event}), noted AS ("
-                "INSERT INTO audit (workspace, actor, action, subject, allowed, rule, reason,"
-                " detail, request_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING seq)"
-                " SELECT ev.*, (SELECT seq FROM noted) AS audit_seq FROM ev",
-                params,
-            )
         assert row is not None
         return row
 

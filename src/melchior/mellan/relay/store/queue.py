@@ -130,10 +130,8 @@ class Tx(PushTx, RetentionTx, RouteTx, Protocol):
     def task_row(self, task_id: str, workspace: str | None = None) -> Row | None: ...
     def lock_task(self, task_id: str, workspace: str | None = None) -> Row | None: ...
     def cancel_task(self, workspace: str, task_id: str, grace_ms: int) -> Row | None: ...
-    def insert_event(self, task_id: str, kind: str, body: str, note: C.Note | None = None) -> Row:
-        """The new event's row, with ``prev``: the seq of the task's event before it; with
-        ``note``, its audit record too (in the same statement where the dialect can: a
-        stream waits for this commit)."""
+    def insert_event(self, task_id: str, kind: str, body: str) -> Row:
+        """The new event's row, with ``prev``: the seq of the task's event before it."""
         ...
 
     def settle_expired(self, workspace: str | None, receiver: str | None) -> Sequence[Row]: ...
@@ -558,12 +556,11 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
 
     @staticmethod
     def _event(tx: Tx, task_id: str, kind: str, body: str, note: C.Note | None = None) -> TaskEvent:
-        """Store an event (and ``note``, its record, written with it) in the open
-        transaction, which must hold the task's row (so ``prev`` is exact)."""
-        row = tx.insert_event(task_id, kind, body, note)
+        """Store an event (and ``note``, its record) in the open transaction, which must
+        hold the task's row (so ``prev`` is exact)."""
+        row = tx.insert_event(task_id, kind, body)
         tx.topics.append(task_topic(task_id))
-        if note is not None:
-            tx.topics.append(audit_topic(note.workspace))
+        QueueStore._notes(tx, [note])
         event = C.event_from_row(row)
         tx.written.append(Chained(int(row["prev"]), event))
         return event

@@ -307,11 +307,7 @@ class _Tx:
             {"now": self.now, "grace": grace_ms, "ws": workspace, "id": task_id},
         )
 
-    def insert_event(
-        self, task_id: str, kind: str, body: str, note: C.Note | None = None
-    ) -> sqlite3.Row:
-        """Two statements with a ``note`` (SQLite has no writing CTEs; in-process, they
-        cost no round trip)."""
+    def insert_event(self, task_id: str, kind: str, body: str) -> sqlite3.Row:
         row = self.one(
             "INSERT INTO task_event (task_id, at, kind, body, turn)"
             " SELECT ?, ?, ?, ?, turn FROM task WHERE id = ?"
@@ -320,8 +316,6 @@ class _Tx:
             (task_id, self.now, kind, body, task_id),
         )
         assert row is not None
-        if note is not None:
-            self.insert_audit([note])
         return row
 
     def settle_expired(self, workspace: str | None, receiver: str | None) -> list[sqlite3.Row]:
