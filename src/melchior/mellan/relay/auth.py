@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from starlette.requests import Request
@@ -59,7 +60,7 @@ class Identified(NamedTuple):
     why: str = ""
 
 
-class Credentials(Memo[str, Principal]):
+class Credentials(Memo[str, Principal | None]):
     """Live credentials by token hash, remembered for ``ttl`` seconds (:mod:`.memo`).
 
     Every request presents a credential, and looking one up is a database read in a
@@ -75,12 +76,8 @@ async def identify(request: Request, relay: Relay) -> Identified:
     if token is None:
         return Identified(None, "missing")
     digest = hash_token(token)
-    principal = relay.credentials.get(digest)
-    if principal is None:
-        since = relay.credentials.generation
-        principal = await relay.call(relay.store.principal_for, digest)
-        if principal is not None:
-            relay.credentials.put(digest, principal, since)
+    read = partial(relay.call, relay.store.principal_for, digest)
+    principal = await relay.credentials.recall(digest, read)
     return Identified(principal, "" if principal is not None else "unknown")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from melchior.mellan.relay.memo import TTL, Memo
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 class DoorFacts:
     def __init__(self, ttl: float = TTL, clock: Callable[[], float] = time.monotonic) -> None:
-        self.agents: Memo[tuple[str, str], Agent] = Memo(ttl, clock=clock)
+        self.agents: Memo[tuple[str, str], Agent | None] = Memo(ttl, clock=clock)
         self.grants: Memo[tuple[str, str, str], frozenset[str]] = Memo(ttl, clock=clock)
         self.routes: Memo[tuple[str, str, str], Route | None] = Memo(ttl, clock=clock)
         self.private: Memo[str, bool] = Memo(ttl, clock=clock)
@@ -43,48 +44,31 @@ class DoorFacts:
             memo.forget()
 
     async def agent(self, relay: Relay, workspace: str, agent_id: str) -> Agent | None:
-        key = (workspace, agent_id)
-        hit, known = self.agents.lookup(key)
-        if hit:
-            return known
-        since = self.agents.generation
-        found = await relay.call(relay.store.get_agent, workspace, agent_id)
-        if found is not None:
-            self.agents.put(key, found, since)
-        return found
+        read = partial(relay.call, relay.store.get_agent, workspace, agent_id)
+        return await self.agents.recall((workspace, agent_id), read)
 
     async def granted(
         self, relay: Relay, workspace: str, caller: str, receiver: str
     ) -> frozenset[str]:
-        key = (workspace, caller, receiver)
-        hit, known = self.grants.lookup(key)
-        if hit and known is not None:
-            return known
-        since = self.grants.generation
-        found = frozenset(
-            await relay.call(relay.store.granted_capabilities, workspace, caller, receiver)
-        )
-        if found:
-            self.grants.put(key, found, since)
-        return found
+        async def read() -> frozenset[str]:
+            store = relay.store
+            return frozenset(
+                await relay.call(store.granted_capabilities, workspace, caller, receiver)
+            )
+
+        return await self.grants.recall((workspace, caller, receiver), read)
 
     async def route(
         self, relay: Relay, workspace: str, agent: str, capability: str
     ) -> Route | None:
-        key = (workspace, agent, capability)
-        hit, known = self.routes.lookup(key)
-        if hit:
-            return known
-        since = self.routes.generation
-        found = await relay.call(relay.store.approved_route, workspace, agent, capability)
-        self.routes.put(key, found, since)
-        return found
+        read = partial(relay.call, relay.store.approved_route, workspace, agent, capability)
+        return await self.routes.recall((workspace, agent, capability), read, _always)
 
     async def allow_private(self, relay: Relay, workspace: str) -> bool:
-        hit, known = self.private.lookup(workspace)
-        if hit and known is not None:
-            return known
-        since = self.private.generation
-        found = await relay.call(relay.store.push_allow_private, workspace)
-        self.private.put(workspace, found, since)
-        return found
+        read = partial(relay.call, relay.store.push_allow_private, workspace)
+        return await self.private.recall(workspace, read, _always)
+
+
+def _always(_: object) -> bool:
+    """Keep the fact either way (no route is a fact; so is the switch turned off)."""
+    return True

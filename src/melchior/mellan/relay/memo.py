@@ -17,8 +17,8 @@ between awaits.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar, cast
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -71,6 +71,21 @@ class Memo(Generic[K, V]):
         if len(self._known) >= self.size:
             self._known.clear()
         self._known[key] = (self.clock() + self.ttl, value)
+
+    async def recall(
+        self, key: K, read: Callable[[], Awaitable[V]], keep: Callable[[V], bool] = bool
+    ) -> V:
+        """The fact while it is trusted, else ``read()`` it — and remember it if ``keep``
+        says so (by default a fact that is something: never None or empty), unless this
+        replica changed facts while it was being read (:attr:`generation`)."""
+        hit, known = self.lookup(key)
+        if hit:
+            return cast(V, known)  # a hit is a fact as stored (it may be None)
+        since = self._generation
+        found = await read()
+        if keep(found):
+            self.put(key, found, since)
+        return found
 
     def forget(self) -> None:
         """Drop everything: this replica just changed what some fact says."""
