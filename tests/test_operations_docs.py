@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from doc_kit import free_port, run_bash, script_bin, sh_blocks
+from doc_kit import Ran, free_port, run_bash, script_bin, sh_blocks
 from melchior.mellan import transport
 from melchior.mellan.relay import settings
 from melchior.mellan.relay.store import migrations
@@ -59,18 +59,25 @@ def test_the_readme_links_it() -> None:
     assert "(docs/operations.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+def walk(heading: str, port: int, tmp_path: Path) -> Ran:
+    """Run one of docs/operations.md's walk-throughs as written (``mellan`` on PATH, no
+    inherited ``MELLAN_*``, the relay on ``port``); it must succeed."""
+    (script,) = sh_blocks("operations.md", heading)
+    done = run_bash(
+        script, bindir=script_bin("mellan"), drop=("MELLAN_",),
+        env={"PORT": str(port), "TMPDIR": str(tmp_path)}, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done
+
+
 @pytest.mark.skipif(
     not all(shutil.which(t) for t in ("openssl", "curl", "jq")),
     reason="the walk-through needs openssl, curl and jq",
 )
 def test_the_walk_through_runs(tmp_path: Path) -> None:
     port = free_port()
-    (script,) = sh_blocks("operations.md", "Walk-through: HTTPS with a test CA")
-    done = run_bash(
-        script, bindir=script_bin("mellan"), drop=("MELLAN_",),
-        env={"PORT": str(port), "TMPDIR": str(tmp_path)}, timeout=180,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    done = walk("Walk-through: HTTPS with a test CA", port, tmp_path)
     out = done.stdout
     assert f"port = {port}  # file relay.toml" in out
     assert "logged in to https://127.0.0.1" in out
@@ -88,13 +95,7 @@ def test_the_walk_through_runs(tmp_path: Path) -> None:
     reason="the walk-through needs curl and jq",
 )
 def test_the_metrics_walk_through_runs(tmp_path: Path) -> None:
-    port = free_port()
-    (script,) = sh_blocks("operations.md", "Walk-through: metrics, request ids and a send limit")
-    done = run_bash(
-        script, bindir=script_bin("mellan"), drop=("MELLAN_",),
-        env={"PORT": str(port), "TMPDIR": str(tmp_path)}, timeout=180,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    done = walk("Walk-through: metrics, request ids and a send limit", free_port(), tmp_path)
     out = done.stdout
     assert '{"ready":true,"schema":' in out
     assert "refused: send 3 is over the limit" in out
