@@ -10,11 +10,11 @@ each door renders its own way (a JSON error body, a message on the page).
 
 from __future__ import annotations
 
-import re
 import secrets
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from melchior.mellan.ids import AGENT_ID, CAPABILITY_ID
 from melchior.mellan.relay.auth import hash_token, parties_of, viewer_of
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import ApiError, actor, record, require_owner
@@ -36,8 +36,6 @@ from melchior.policy.grants import may_grant
 from melchior.policy.send_limits import Overrides, check_value, effective
 from melchior.policy.visibility import Party, may_see_task
 
-AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}$")
-CAPABILITY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 ENROLL_TTL_DEFAULT = 15 * 60
 ENROLL_TTL_MAX = 7 * 24 * 3600
 CODE_PREFIX = "mlj_"

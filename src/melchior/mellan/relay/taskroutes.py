@@ -34,8 +34,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from melchior.mellan.ids import CAPABILITY_ID
 from melchior.mellan.rawjson import Raw, encode
-from melchior.mellan.relay.actions import CAPABILITY_ID, bad, is_owner, not_found, owner_only
+from melchior.mellan.relay.actions import bad, is_owner, not_found, owner_only
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
     JSON,
