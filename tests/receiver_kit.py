@@ -224,6 +224,7 @@ def write_config(
     lease_seconds: float = 6,
     adapters: tuple[str, ...] = ("command",),
     extra: str = "",
+    wait: float = 5,
 ) -> Path:
     path.write_text(
         f"""
@@ -231,7 +232,7 @@ relay = "{net.relay.url}"
 token_env = "RECEIVER_TOKEN"
 concurrency = {concurrency}
 lease_seconds = {lease_seconds}
-wait = 5
+wait = {wait}
 state_dir = "{path.parent / "state"}"
 
 [allow]
@@ -251,12 +252,18 @@ def start_receiver(
     full = dict(net.relay.env)
     full["RECEIVER_TOKEN"] = token or net.receiver_token
     full.update(env or {})
+    return spawn_receiver(config, full)
+
+
+def spawn_receiver(config: Path, env: dict[str, str], cwd: Path | None = None) -> ReceiverProc:
+    """``mellan receiver run --config CONFIG`` with exactly ``env``, its output kept."""
     proc = subprocess.Popen(
         [MELLAN, "receiver", "run", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=full,
+        env=env,
+        cwd=cwd,
         start_new_session=True,  # its own process group: SIGKILL takes it alone
     )
     rp = ReceiverProc(proc, config)

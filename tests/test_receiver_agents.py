@@ -99,9 +99,11 @@ def test_an_a2a_agent_asks_back_and_the_answer_continues_its_task(
         net = make_net(relay, tmp_path)
         work = tmp_path / "work"
         work.mkdir()
+        # which of this machine's variables holds the token is this machine's to say; a
+        # route repeating it chooses nothing
         config = write_config(
             tmp_path / "receiver.toml", net, work, adapters=("a2a",),
-            extra=f'urls = ["{agents.url}/"]',
+            extra=f'urls = ["{agents.url}/"]\n[adapters.a2a]\ntoken_env = "HERMES_A2A_TOKEN"',
         )  # fmt: skip
         card = agents.card("/stream")
         net.route(adapter="a2a", options={"card_url": card, "token_env": "HERMES_A2A_TOKEN"})
@@ -146,12 +148,15 @@ def test_a_provider_model_from_the_queue_is_one_fresh_fenced_run(
     work = tmp_path / "work"
     work.mkdir()
     with LoopbackServer(sse_reply([reply])) as model:
-        urls = f'urls = ["{model.url}/"]\n'  # lands in [allow]: this machine's own list
+        # the URL lands in [allow]; the kind of API and the key's variable are this machine's
+        local = (
+            f'urls = ["{model.url}/"]\n'
+            '[adapters.provider]\nkind = "openai"\napi_key_env = "FAKE_KEY"\n'
+        )
         config = write_config(tmp_path / "receiver.toml", net, work, adapters=("provider",),
-                              extra=urls)  # fmt: skip
+                              extra=local)  # fmt: skip
         net.route(adapter="provider", options={
-            "provider": "fake", "kind": "openai", "base_url": model.url + "/v1",
-            "api_key_env": "FAKE_KEY", "model": "m-1",
+            "provider": "fake", "base_url": model.url + "/v1", "model": "m-1",
         })  # fmt: skip
         with receiving(net, config, env={"FAKE_KEY": "sk-local"}) as rp:
             done = net.settled(net.send("do the books balance?"))

@@ -19,6 +19,7 @@ from melchior.mellan.receiver.config import ConfigError, parse
 from melchior.mellan.receiver.spool import Report, Spool
 from melchior.policy.allowlist import AllowList, RouteFacts, inside, may_run
 from melchior.policy.fence import unfence
+from melchior.runtimes import route_rules
 
 RULES = AllowList(
     adapters=frozenset({"command", "claude-code", "codex", "a2a"}),
@@ -57,12 +58,12 @@ def facts(adapter: str = "command", cwd: str | None = "/srv/work", **kw: Any) ->
         (facts("codex", options={"sandbox": "danger-full-access"}), "bypass-not-allowed"),
         (facts("codex", options={"bypass_sandbox": True}), "bypass-not-allowed"),
         (facts("codex", options={"extra_args": ["--dangerously-bypass-approvals-and-sandbox"]}),
-         "bypass-not-allowed"),
+         "route-option-not-allowed"),
         (facts(options={"env": {"LD_PRELOAD": "/x.so"}}), "env-not-allowed"),
     ],
 )  # fmt: skip
 def test_the_allow_list_names_the_rule(route: RouteFacts, rule: str) -> None:
-    decision = may_run(route, RULES)
+    decision = may_run(route, RULES, route_rules(route.adapter))
     assert decision.rule == rule
     assert bool(decision) is (rule == "allowed")
     if rule != "allowed":
@@ -71,8 +72,9 @@ def test_the_allow_list_names_the_rule(route: RouteFacts, rule: str) -> None:
 
 def test_bypass_and_env_may_be_allowed_on_purpose() -> None:
     rules = RULES._replace(bypass=True, route_env=True)
-    assert may_run(facts("codex", options={"sandbox": "danger-full-access"}), rules)
-    assert may_run(facts(options={"env": {"A": "b"}}), rules)
+    assert may_run(facts("codex", options={"sandbox": "danger-full-access"}), rules,
+                   route_rules("codex"))  # fmt: skip
+    assert may_run(facts(options={"env": {"A": "b"}}), rules, route_rules("command"))
 
 
 segment = st.sampled_from(["a", "b", "..", ".", "", "work", "srv"])

@@ -5,14 +5,15 @@ with each lease. The receiver does not take the relay's word for it: a compromis
 (or a stolen owner credential) could otherwise make a machine run any program, in any
 directory, with the coding agents' sandboxes turned off, or send a local API key to a
 URL of its choosing. So the machine's own configuration says which adapters, which
-working directories, which programs and which URLs it will ever use, and whether a
-route may switch off the unattended profile's guard rails. A route outside that list is
-refused with the rule that refused it, and the receiver reports the task failed (not
-retryable) with the same sentence.
+working directories, which programs and which URLs it will ever use, and what a route may
+do with each adapter option (:mod:`melchior.policy.route_options`: the adapter declares a
+rule per option; what no rule allows is refused). A route outside that is refused with the
+rule that refused it, and the receiver reports the task failed (not retryable) with the
+same sentence.
 
 Pure: paths arrive already resolved (``os.path.realpath`` by the caller), so a ``..``
 or a symlink cannot walk out of an allowed directory, and programs arrive as the
-absolute paths they resolve to.
+absolute paths they resolve to (or with the reason they resolve to none).
 """
 
 from __future__ import annotations
@@ -22,28 +23,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from melchior.policy.decision import Decision, allow, refuse
-
-PROGRAM_OPTION = {"command": "argv", "claude-code": "binary", "codex": "binary"}
-"""Where each program adapter names the program a route would run."""
-
-URL_OPTIONS = ("card_url", "base_url")
-"""Options that choose where an adapter connects (with a local token or key)."""
-
-BYPASS: Mapping[str, Mapping[str, Any]] = {
-    "claude-code": {"permission_mode": "bypassPermissions"},
-    "codex": {"bypass_sandbox": True, "sandbox": "danger-full-access"},
-}
-"""Option values that switch a coding agent's unattended guard rails off."""
-
-BYPASS_FLAGS = ("--dangerously-skip-permissions", "--dangerously-bypass-approvals-and-sandbox")
+from melchior.policy.route_options import (
+    DIRS,
+    PROGRAM,
+    UNSET,
+    URL,
+    RouteOption,
+    Wanted,
+    judge,
+)
+from melchior.policy.urls import within_any
 
 
 class AllowList(NamedTuple):
     """The receiver's local allow-list (from its configuration file).
 
-    ``dirs`` and ``programs`` are absolute, resolved paths; ``urls`` are prefixes;
-    ``bypass`` lets a route turn off a coding agent's permission checks or sandbox;
-    ``route_env`` lets a route add environment variables to the agent's process.
+    ``dirs`` and ``programs`` are absolute, resolved paths; ``urls`` are URL prefixes
+    (:mod:`melchior.policy.urls`); ``bypass`` lets a route turn off a coding agent's
+    permission checks or sandbox; ``route_env`` lets a route add environment variables to
+    the agent's process; ``options`` holds, per adapter and option, the values
+    ``[allow.options.ADAPTER]`` lists (in :func:`~melchior.policy.route_options.listed_keys`
+    form).
     """
 
     adapters: frozenset[str]
@@ -52,14 +52,18 @@ class AllowList(NamedTuple):
     urls: tuple[str, ...] = ()
     bypass: bool = False
     route_env: bool = False
+    options: Mapping[str, Mapping[str, frozenset[str]]] = {}
 
 
 class RouteFacts(NamedTuple):
     """A route as the allow-list judges it: its fields, with paths resolved.
 
-    ``cwd`` is the resolved working directory (None: the route names none);
-    ``program`` the resolved program the route would run (None: the adapter's default,
-    e.g. ``claude``), ``program_given`` what the route wrote; ``add_dirs`` resolved.
+    ``cwd`` is the resolved working directory (None: the route names none); ``options``
+    the route's own options and ``local`` this machine's for the adapter (its
+    ``[adapters.NAME]`` with the route's profile over it); ``program`` the resolved
+    program the route names (None: it names none, or ``program_problem`` says why it
+    resolves to nothing), ``program_given`` what the route wrote; ``add_dirs`` the
+    resolved directories of the adapter's ``dirs`` options.
     """
 
     capability: str
@@ -69,6 +73,8 @@ class RouteFacts(NamedTuple):
     program: str | None = None
     program_given: str | None = None
     add_dirs: tuple[str, ...] = ()
+    local: Mapping[str, Any] = {}
+    program_problem: str | None = None
 
 
 def inside(path: str, roots: Sequence[str]) -> bool:
@@ -93,13 +99,15 @@ def no_route(capability: str, agent: str) -> Decision:
     )
 
 
-def may_run(route: RouteFacts, rules: AllowList) -> Decision:
-    """May this receiver run ``route``? Refusals name the rule and the allow-list key."""
+def may_run(route: RouteFacts, rules: AllowList, table: Mapping[str, RouteOption]) -> Decision:
+    """May this receiver run ``route``, whose adapter's options are under ``table``?
+    Refusals name the rule, the option and the allow-list key."""
+    cap = route.capability
     if route.adapter not in rules.adapters:
         listed = ", ".join(sorted(rules.adapters)) or "none"
         return refuse(
             "adapter-not-allowed",
-            f"the route for {route.capability!r} uses the {route.adapter!r} adapter, which "
+            f"the route for {cap!r} uses the {route.adapter!r} adapter, which "
             f"this receiver's allow-list does not include (allow.adapters: {listed})",
         )
     for where, path in (("cwd", route.cwd), *(("add_dirs", d) for d in route.add_dirs)):
@@ -107,48 +115,42 @@ def may_run(route: RouteFacts, rules: AllowList) -> Decision:
             listed = ", ".join(rules.dirs) or "none"
             return refuse(
                 "cwd-not-allowed",
-                f"the route for {route.capability!r} would run in {path} ({where}), which is "
+                f"the route for {cap!r} would run in {path} ({where}), which is "
                 f"not inside a directory of this receiver's allow-list (allow.cwd: {listed})",
             )
     if route.program_given is not None and (
         route.program is None or route.program not in rules.programs
     ):
-        where = f" (resolved to {route.program})" if route.program else " (not found)"
+        where = (
+            f" (resolved to {route.program})"
+            if route.program
+            else f" ({route.program_problem or 'not found'})"
+        )
         return refuse(
             "program-not-allowed",
-            f"the route for {route.capability!r} would run {route.program_given!r}{where}, "
+            f"the route for {cap!r} would run {route.program_given!r}{where}, "
             "which is not in this receiver's allow-list (allow.programs)",
         )
-    for key in URL_OPTIONS:
-        url = route.options.get(key)
-        if isinstance(url, str) and not any(url.startswith(p) for p in rules.urls):
-            return refuse(
-                "url-not-allowed",
-                f"the route for {route.capability!r} would connect to {url} ({key}), which "
-                "no prefix in this receiver's allow-list covers (allow.urls)",
-            )
-    if not rules.bypass:
-        for key, value in BYPASS.get(route.adapter, {}).items():
-            if route.options.get(key) == value:
+    listed_here = rules.options.get(route.adapter, {})
+    for key, value in route.options.items():
+        option = table.get(key)
+        if option is not None and option.kind == URL:
+            if isinstance(value, str) and not within_any(value, rules.urls):
                 return refuse(
-                    "bypass-not-allowed",
-                    f"the route for {route.capability!r} sets {key} = {value!r}, which turns "
-                    "off the agent's unattended guard rails; this receiver's allow-list does "
-                    "not permit that (allow.bypass = false)",
+                    "url-not-allowed",
+                    f"the route for {cap!r} would connect to {value} ({key}), which "
+                    "no prefix in this receiver's allow-list covers (allow.urls)",
                 )
-        extra = route.options.get("extra_args")
-        if isinstance(extra, list | tuple):
-            for flag in BYPASS_FLAGS:
-                if any(isinstance(a, str) and a.split("=", 1)[0] == flag for a in extra):
-                    return refuse(
-                        "bypass-not-allowed",
-                        f"the route for {route.capability!r} passes {flag}, which this "
-                        "receiver's allow-list does not permit (allow.bypass = false)",
-                    )
-    if not rules.route_env and route.options.get("env"):
-        return refuse(
-            "env-not-allowed",
-            f"the route for {route.capability!r} sets environment variables (env), which "
-            "this receiver's allow-list does not permit (allow.route_env = false)",
-        )
-    return allow("allowed", f"the route for {route.capability!r} is inside the allow-list")
+            continue
+        if option is not None and option.kind in (PROGRAM, DIRS):
+            continue  # judged above, from what they resolve to
+        wanted = Wanted(
+            route.adapter, cap, str(key), value,
+            local=route.local.get(key, UNSET),
+            listed=listed_here.get(str(key), frozenset()),
+            bypass=rules.bypass, route_env=rules.route_env,
+        )  # fmt: skip
+        refused = judge(option, wanted)
+        if refused is not None:
+            return refused
+    return allow("allowed", f"the route for {cap!r} is inside the allow-list")

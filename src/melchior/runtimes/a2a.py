@@ -43,6 +43,7 @@ import httpx
 
 from melchior.a2a_envelope import text_of, to_a2a
 from melchior.envelope import Message
+from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -77,6 +78,21 @@ OPTIONS = (
     "request_timeout",
     "insecure_http",
 )
+ROUTE_RULES: dict[str, ro.RouteOption] = {
+    "card_url": ro.URL_OPTION,
+    "token_env": ro.listed(),
+    "headers": ro.listed(items=True),
+    "mode": ro.free(),
+    "bindings": ro.free(),
+    "poll_interval": ro.free(),
+    "timeout": ro.limit(),
+    "grace": ro.limit(5.0),
+    "request_timeout": ro.limit(30.0),
+    "insecure_http": ro.ordered((False, True), False),
+}
+"""What a relay route may do with each option (:mod:`melchior.policy.route_options`): the
+agent's URL only inside ``allow.urls``; which of this machine's variables holds the token
+it is sent, and extra headers, only as this machine lists them."""
 _FINAL = {
     "TASK_STATE_COMPLETED",
     "TASK_STATE_FAILED",

@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -60,6 +61,7 @@ from melchior.runtimes.base import (
 from melchior.runtimes.options import OptionReader, layered
 from melchior.runtimes.process import (
     PROCESS_OPTIONS,
+    PROCESS_RULES,
     Exit,
     Limits,
     LineTooLong,
@@ -98,6 +100,33 @@ OPTIONS = (
     "inbox_token_env",
     "inbox_timeout",
 )
+ROUTE_RULES: dict[str, ro.RouteOption] = {
+    **PROCESS_RULES,
+    "binary": ro.program("claude"),
+    "permission_mode": ro.ordered(
+        ("plan", ("dontAsk", "manual"), "acceptEdits", "auto", "bypassPermissions"),
+        DEFAULT_PERMISSION_MODE,
+        bypass=("bypassPermissions",),
+    ),
+    "permission_prompts": ro.ordered(("none", "host"), DEFAULT_PERMISSION_PROMPTS),
+    "allowed_tools": ro.listed(items=True),
+    "disallowed_tools": ro.adds(ro.TOOL_NAME),
+    "max_turns": ro.limit(),
+    "max_budget_usd": ro.limit(),
+    "model": ro.free(ro.MODEL_NAME),
+    "append_system_prompt": ro.listed(),
+    "settings": ro.listed(),
+    "mcp_config": ro.listed(items=True),
+    "strict_mcp_config": ro.ordered((True, False), False),
+    "add_dirs": ro.DIRS_OPTION,
+    "extra_args": ro.listed(),
+    "inbox": ro.listed(),
+    "inbox_token_env": ro.listed(),
+    "inbox_timeout": ro.free(),
+}
+"""What a relay route may do with each option (:mod:`melchior.policy.route_options`): the
+guard rails only narrower, bounds only lower, tools only denied; tools to allow, settings,
+MCP servers, system prompts, flags and the live inbox only as this machine lists them."""
 
 # Refusals of the command line itself: running the same turn again cannot help.
 _REFUSALS = re.compile(

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -47,6 +48,7 @@ from melchior.runtimes.base import (
 from melchior.runtimes.options import OptionReader, layered
 from melchior.runtimes.process import (
     PROCESS_OPTIONS,
+    PROCESS_RULES,
     Exit,
     Limits,
     LineTooLong,
@@ -73,7 +75,22 @@ OPTIONS = (
     "add_dirs",
     "extra_args",
 )
-_CONFIG_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+ROUTE_RULES: dict[str, ro.RouteOption] = {
+    **PROCESS_RULES,
+    "binary": ro.program("codex"),
+    "sandbox": ro.ordered(SANDBOXES, DEFAULT_SANDBOX, bypass=("danger-full-access",)),
+    "bypass_sandbox": ro.ordered((False, True), False, bypass=(True,)),
+    "skip_git_repo_check": ro.free(),
+    "model": ro.free(ro.MODEL_NAME),
+    "profile": ro.listed(),
+    "config": ro.listed(items=True),
+    "add_dirs": ro.DIRS_OPTION,
+    "extra_args": ro.listed(),
+}
+"""What a relay route may do with each option (:mod:`melchior.policy.route_options`): the
+sandbox only narrower; Codex profiles, ``-c`` settings (model providers, MCP servers,
+sandbox modes) and flags only as this machine lists them."""
+_CONFIG_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
 _REFUSALS = re.compile(
     r"no rollout found|unexpected argument|invalid value|Not inside a trusted directory|"
     r"a value is required"

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     COMPLETED,
     INPUT_REQUIRED,
@@ -39,6 +40,7 @@ from melchior.runtimes.base import (
 from melchior.runtimes.options import OptionReader, layered
 from melchior.runtimes.process import (
     PROCESS_OPTIONS,
+    PROCESS_RULES,
     Limits,
     LineTooLong,
     SpawnError,
@@ -66,6 +68,20 @@ OPTIONS = (
     "progress_lines",
     "prompt_on_stdin",
 )
+ROUTE_RULES: dict[str, ro.RouteOption] = {
+    **PROCESS_RULES,
+    # argv[0] is resolved on the receiver's machine and judged against allow.programs; the
+    # arguments are the allowed program's own interface (allow a program only when any
+    # arguments to it are acceptable: never an interpreter or a shell)
+    "argv": ro.program(),
+    "input_required_exit": ro.free(),
+    "permanent_exit": ro.free(),
+    "retryable": ro.free(),
+    "output_limit": ro.limit(DEFAULT_OUTPUT_LIMIT),
+    "progress_lines": ro.free(),
+    "prompt_on_stdin": ro.free(),
+}
+"""What a relay route may do with each option (:mod:`melchior.policy.route_options`)."""
 
 
 @dataclass(frozen=True)

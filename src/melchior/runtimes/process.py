@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from melchior.policy import route_options as ro
 from melchior.runtimes.options import OptionReader
 
 _PR_SET_PDEATHSIG = 1
@@ -75,6 +76,15 @@ DEFAULT_STDERR_TAIL = 8 * 1024
 
 PROCESS_OPTIONS = ("grace", "timeout", "line_limit", "stderr_tail", "env")
 """Options every program-running adapter takes (see :func:`read_limits`)."""
+
+PROCESS_RULES: dict[str, ro.RouteOption] = {
+    "grace": ro.limit(DEFAULT_GRACE),
+    "timeout": ro.limit(),
+    "line_limit": ro.limit(DEFAULT_LINE_LIMIT),
+    "stderr_tail": ro.free(),
+    "env": ro.ENV_OPTION,
+}
+"""What a relay route may do with each of them (:mod:`melchior.policy.route_options`)."""
 
 _POLL = 0.02
 _READ_CHUNK = 64 * 1024
@@ -244,6 +254,38 @@ def check_session_id(session: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in session) or len(session) > 256:
         return f"session id {session!r} is not a plausible session id"
     return None
+
+
+class ProgramNotFound(ValueError):
+    """A program name that resolves to no runnable file here; the message says why."""
+
+
+def resolve_program(name: str, path: str | None = None) -> str:
+    """The one file ``name`` runs as: an absolute path, or a bare name looked up on
+    ``path`` (this process's ``PATH`` when None), with every symlink resolved.
+
+    What a receiver judges against its allow-list and what it then executes are the same
+    file: the real path this returns. A relative path with a slash is refused rather than
+    resolved, since it would mean one file where it is judged and another in the working
+    directory it runs in.
+    """
+    if not name or "\0" in name:
+        raise ProgramNotFound("a program is named by non-empty text without NUL")
+    if os.sep not in name:
+        found = shutil.which(name, path=path if path is not None else os.environ.get("PATH"))
+        if found is None:
+            raise ProgramNotFound(f"no {name} on this machine's PATH")
+    elif os.path.isabs(name):
+        found = name
+    else:
+        raise ProgramNotFound(
+            "a relative path names a different file in each directory; give an absolute "
+            "path, or a bare name looked up on this machine's PATH"
+        )
+    real = os.path.realpath(found)
+    if not os.path.isfile(real) or not os.access(real, os.X_OK):
+        raise ProgramNotFound(f"{found} is not an executable file")
+    return real
 
 
 def find_program(program: str, env: Mapping[str, str]) -> str | None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     COMPLETED,
     Emit,
@@ -71,6 +72,24 @@ OPTIONS = (
     "attempts",
     "timeout",
 )
+ROUTE_RULES: dict[str, ro.RouteOption] = {
+    "provider": ro.free(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"),
+    "kind": ro.listed(),
+    "base_url": ro.URL_OPTION,
+    "api_key_env": ro.listed(),
+    "model": ro.free(ro.MODEL_NAME),
+    "system": ro.listed(),
+    "max_tokens": ro.limit(4096),
+    "temperature": ro.free(),
+    "tools": ro.ordered(("none", "auto"), "auto"),
+    "tool_rounds": ro.limit(8),
+    "attempts": ro.limit(3),
+    "timeout": ro.limit(),
+}
+"""What a relay route may do with each option (:mod:`melchior.policy.route_options`): a
+provider of melchior's own config file by name, a model, lower bounds; the kind of API and
+which of this machine's variables holds the key it is sent, and the system prompt, only as
+this machine lists them; a ``base_url`` only inside ``allow.urls``."""
 MAX_TOOL_RESULT = 16 * 1024
 
 

@@ -4,59 +4,57 @@ Factories import their adapter on first use, so naming the registry costs nothin
 the optional ``a2a-sdk`` is only needed by whoever actually configures an ``a2a`` route.
 A factory validates its configuration at once: a bad option fails when the receiver or
 the plane starts, with the option's name, not on the first task at three in the morning.
+
+Each adapter's module also declares ``ROUTE_RULES``: what a route from the relay may do
+with each of its options (:mod:`melchior.policy.route_options`), read by the receiver.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from melchior.policy.route_options import RouteOption
 from melchior.runtimes.base import Runtime, RuntimeConfigError
 
 AdapterFactory = Callable[[Mapping[str, Any]], Runtime]
 
-
-def _command(config: Mapping[str, Any]) -> Runtime:
-    from melchior.runtimes.command import CommandRuntime
-
-    return CommandRuntime(config)
-
-
-def _claude_code(config: Mapping[str, Any]) -> Runtime:
-    from melchior.runtimes.claude_code import ClaudeCodeRuntime
-
-    return ClaudeCodeRuntime(config)
-
-
-def _codex(config: Mapping[str, Any]) -> Runtime:
-    from melchior.runtimes.codex import CodexRuntime
-
-    return CodexRuntime(config)
+_MODULES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "command": ("melchior.runtimes.command", "CommandRuntime"),
+        "claude-code": ("melchior.runtimes.claude_code", "ClaudeCodeRuntime"),
+        "codex": ("melchior.runtimes.codex", "CodexRuntime"),
+        "a2a": ("melchior.runtimes.a2a", "A2ARuntime"),
+        "provider": ("melchior.runtimes.provider", "ProviderRuntime"),
+    }
+)
+"""Each adapter's module and class, by its registry name."""
 
 
-def _a2a(config: Mapping[str, Any]) -> Runtime:
-    from melchior.runtimes.a2a import A2ARuntime
+def _factory(module: str, cls: str) -> AdapterFactory:
+    def make(config: Mapping[str, Any]) -> Runtime:
+        runtime: Runtime = getattr(importlib.import_module(module), cls)(config)
+        return runtime
 
-    return A2ARuntime(config)
-
-
-def _provider(config: Mapping[str, Any]) -> Runtime:
-    from melchior.runtimes.provider import ProviderRuntime
-
-    return ProviderRuntime(config)
+    return make
 
 
 ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
-    {
-        "command": _command,
-        "claude-code": _claude_code,
-        "codex": _codex,
-        "a2a": _a2a,
-        "provider": _provider,
-    }
+    {name: _factory(*where) for name, where in _MODULES.items()}
 )
 """Every adapter by its registry name."""
+
+
+def route_rules(name: str) -> Mapping[str, RouteOption]:
+    """What a relay route may do with each option of adapter ``name`` (every option has a
+    rule); empty for an unknown name."""
+    where = _MODULES.get(name)
+    if where is None:
+        return {}
+    rules: Mapping[str, RouteOption] = importlib.import_module(where[0]).ROUTE_RULES
+    return rules
 
 
 def runtime_for(name: str, config: Mapping[str, Any] | None = None) -> Runtime:

@@ -21,6 +21,7 @@ Minimal loop::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,9 +30,25 @@ from urllib.parse import quote
 import httpx
 
 from melchior.mellan import transport
+from melchior.mellan.client.leases import ClaimedTask, MalformedLease, Route, claimed
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.rawjson import decode, encode
 from melchior.mellan.transport import ClientTls
+
+__all__ = [
+    "AsyncReceiverClient",
+    "ClaimedTask",
+    "MalformedLease",
+    "ReceiverClient",
+    "ReceiverError",
+    "Route",
+    "WriteResult",
+    "answer",
+    "claimed",
+    "leases_of",
+    "refused",
+    "write_result",
+]
 
 
 class ReceiverError(Exception):
@@ -42,64 +59,6 @@ class ReceiverError(Exception):
         self.status = status
         self.code = code
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class Route:
-    """How the owner approved this agent to run the task's capability: the adapter, and
-    for a coding-agent session its id, working directory and unattended profile, with the
-    adapter's options (a JSON object). A receiver checks it against its own local
-    allow-list before running anything."""
-
-    id: str
-    capability: str
-    adapter: str
-    session: str | None
-    cwd: str | None
-    profile: str | None
-    options: dict[str, Any]
-
-    @classmethod
-    def from_json(cls, data: Any) -> Route | None:
-        if not isinstance(data, dict):
-            return None
-        options = data.get("options")
-        return cls(
-            id=str(data["id"]),
-            capability=str(data["capability"]),
-            adapter=str(data["adapter"]),
-            session=_opt(data.get("session")),
-            cwd=_opt(data.get("cwd")),
-            profile=_opt(data.get("profile")),
-            options=options if isinstance(options, dict) else {},
-        )
-
-
-def _opt(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-@dataclass(frozen=True)
-class ClaimedTask:
-    """One lease handed out by ``claim``: the task as JSON, the epoch fencing its writes,
-    and the route approved for its capability at claim time (None: there is none, and the
-    task must be failed non-retryably saying so)."""
-
-    task: dict[str, Any]
-    epoch: int
-    expires_at: str
-    route: Route | None = None
-    history: tuple[dict[str, Any], ...] = ()
-    """Earlier turns of the task (from turn 2 on): each turn's caller message and result."""
-
-    @property
-    def task_id(self) -> str:
-        return str(self.task["id"])
-
-    @property
-    def payload(self) -> Any:
-        """The stored request message, exactly as the caller sent it."""
-        return self.task.get("payload")
 
 
 @dataclass(frozen=True)
@@ -119,25 +78,11 @@ class WriteResult:
         return self.outcome is Outcome.LEASE_LOST
 
 
-def claimed(item: dict[str, Any]) -> ClaimedTask:
-    """One lease of a claim answer, with its route and (from turn 2) the earlier turns."""
-    history = item.get("history")
-    return ClaimedTask(
-        task=item["task"],
-        epoch=int(item["epoch"]),
-        expires_at=item["expires_at"],
-        route=Route.from_json(item.get("route")),
-        history=tuple(h for h in history if isinstance(h, dict))
-        if isinstance(history, list)
-        else (),
-    )
-
-
 def _decoded(response: httpx.Response) -> Any:
     """The body as exact JSON ({} when empty or not JSON: the status then speaks)."""
     try:
         return decode(response.content) if response.content else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what a parser can follow
         return {}
 
 
@@ -164,11 +109,36 @@ def answer(response: httpx.Response) -> Any:
     raise refused(response, data)
 
 
+def leases_of(
+    data: dict[str, Any], agent: str | None, wait: float
+) -> list[ClaimedTask | MalformedLease]:
+    """The leases of a claim answer, each checked (a list of them is what the relay owes),
+    with how long the relay says it held the claim: a number from 0 to the claim's own
+    ``wait`` (anything else counts as 0, the cautious reading)."""
+    items = data["leases"]
+    if not isinstance(items, list):
+        raise ReceiverError(200, "bad-answer", "the relay's claim answer has no list of leases")
+    held = data.get("waited")
+    waited = 0.0
+    if isinstance(held, int | float | Decimal) and not isinstance(held, bool):
+        number = float(held)
+        waited = number if 0 <= number <= wait else 0.0
+    return [claimed(item, agent, waited) for item in items]
+
+
+def _outcome(value: Any) -> Outcome:
+    try:
+        return Outcome(value)
+    except ValueError:
+        raise ReceiverError(
+            200, "bad-answer", f"the relay answered with an outcome it has none of: {value!r:.80}"
+        ) from None
+
+
 def write_result(data: dict[str, Any]) -> WriteResult:
-    error = data.get("error") or {}
-    return WriteResult(
-        Outcome(data["outcome"]), str(data.get("reason", "")), str(error.get("reason", ""))
-    )
+    error = data.get("error")
+    reason = error.get("reason", "") if isinstance(error, dict) else ""
+    return WriteResult(_outcome(data.get("outcome")), str(data.get("reason", "")), str(reason))
 
 
 class ReceiverClient:
@@ -238,19 +208,23 @@ class ReceiverClient:
         lease_seconds: float = 30.0,
         worker: str | None = None,
         receiver: dict[str, Any] | None = None,
-    ) -> list[ClaimedTask]:
+        agent: str | None = None,
+    ) -> list[ClaimedTask | MalformedLease]:
         """Lease up to ``limit`` tasks, long-polling up to ``wait`` seconds; [] if none came.
 
         Each claim is also the receiver's heartbeat (the relay shows it online); ``receiver``
         says what it is: ``{"name", "version", "adapters": [...], "running", "concurrency"}``.
-        Renewals count as heartbeats too, so a receiver too busy to claim stays online."""
+        Renewals count as heartbeats too, so a receiver too busy to claim stays online.
+        Every lease is checked before it is handed over (:mod:`~melchior.mellan.client.leases`):
+        one that fails comes back as a :class:`MalformedLease` saying why (a lease whose
+        task is for another agent than ``agent``, when given, is one)."""
         body: dict[str, Any] = {"limit": limit, "wait": wait, "lease_seconds": lease_seconds}
         if worker:
             body["worker"] = worker
         if receiver is not None:
             body["receiver"] = receiver
         data = self._post("/api/receiver/claim", body, timeout=wait + self._timeout)
-        return [claimed(item) for item in data["leases"]]
+        return leases_of(data, agent, wait)
 
     def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> WriteResult:
         """Extend the lease; ``lease_lost`` (reason "cancelled" on cancel) means stop now."""
@@ -302,7 +276,7 @@ class ReceiverClient:
     def _results(self, path: str, body: dict[str, Any]) -> list[WriteResult]:
         data = self._post(path, body)
         return [
-            WriteResult(Outcome(r["outcome"]), str(r.get("reason", "")),
+            WriteResult(_outcome(r.get("outcome")), str(r.get("reason", "")),
                         str(r.get("sentence", "")))
             for r in data["results"]
         ]  # fmt: skip
@@ -387,13 +361,14 @@ class AsyncReceiverClient:
         lease_seconds: float = 30.0,
         worker: str | None = None,
         extra: dict[str, Any] | None = None,
-    ) -> list[ClaimedTask]:
+        agent: str | None = None,
+    ) -> list[ClaimedTask | MalformedLease]:
         body: dict[str, Any] = {"limit": limit, "wait": wait, "lease_seconds": lease_seconds}
         if worker:
             body["worker"] = worker
         body.update(extra or {})
         data = await self._post("/api/receiver/claim", body, read_for=wait + self._timeout)
-        return [claimed(item) for item in data["leases"]]
+        return leases_of(data, agent, wait)
 
     async def renew(self, task_id: str, epoch: int, *, lease_seconds: float = 30.0) -> WriteResult:
         return await self._write(task_id, "renew", {"epoch": epoch, "lease_seconds": lease_seconds})

@@ -25,6 +25,9 @@ matters most: it is the machine's own say over what a route from the relay may r
     bypass = false                           # routes may not turn sandboxes off
     route_env = false                        # routes may not add environment variables
 
+    [allow.options.claude-code]              # exact values a route may choose for options
+    allowed_tools = ["Read", "Grep"]         # that carry tools, flags or configuration
+
     [adapters.claude-code]                   # local defaults under every route's options
     max_budget_usd = 2.0
 
@@ -46,7 +49,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +57,11 @@ from typing import Any
 from melchior.files import xdg
 from melchior.mellan import transport
 from melchior.mellan.transport import ClientTls
+from melchior.policy import route_options as ro
 from melchior.policy.allowlist import AllowList
-from melchior.runtimes import ADAPTERS, RuntimeConfigError, runtime_for
+from melchior.policy.urls import prefix_problem
+from melchior.runtimes import ADAPTERS, RuntimeConfigError, route_rules, runtime_for
+from melchior.runtimes.process import ProgramNotFound, resolve_program
 
 
 class ConfigError(ValueError):
@@ -67,7 +72,7 @@ TOP_KEYS = (
     "relay", "credential", "agent", "token_env", "concurrency", "lease_seconds", "wait",
     "poll", "state_dir", "name", "worker", "allow", "adapters", "profiles", "wake", "tls",
 )  # fmt: skip
-ALLOW_KEYS = ("adapters", "cwd", "programs", "urls", "bypass", "route_env")
+ALLOW_KEYS = ("adapters", "cwd", "programs", "urls", "bypass", "route_env", "options")
 WAKE_KEYS = ("listen", "secret", "secret_env")
 TLS_KEYS = ("ca", "cert", "key")
 
@@ -98,6 +103,9 @@ class ReceiverConfig:
     cert: tuple[str, str] | None = None
     stored_tls: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
+    notices: tuple[str, ...] = ()
+    """What the receiver says at start-up about its wall: a prefix in ``allow.urls`` that
+    covers nothing, ``allow.bypass`` on, guard rails this machine's own options turn off."""
 
     def client_tls(self, environ: Mapping[str, str] | None = None) -> ClientTls:
         """Trust and identity for the relay connection: ``[tls]`` here, else the
@@ -169,12 +177,112 @@ def _flag(table: Mapping[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def resolve_program(name: str, path_env: str | None = None) -> str | None:
-    """The absolute, symlink-free path ``name`` runs as (looked up on PATH if bare)."""
-    found = name if "/" in name else shutil.which(name, path=path_env)
-    if found is None or not os.path.isfile(found):
-        return None
-    return os.path.realpath(found)
+def _listings(table: Any) -> dict[str, dict[str, frozenset[str]]]:
+    """``[allow.options.ADAPTER]``: per option, the exact values a route may choose."""
+    if table is None:
+        return {}
+    if not isinstance(table, Mapping):
+        raise ConfigError("[allow.options] must hold one table per adapter ([allow.options.NAME])")
+    out: dict[str, dict[str, frozenset[str]]] = {}
+    for adapter, keys in table.items():
+        where = f"allow.options.{adapter}"
+        if adapter not in ADAPTERS:
+            raise ConfigError(f"{where}: no adapter is named {adapter!r}")
+        if not isinstance(keys, Mapping):
+            raise ConfigError(f"[{where}] must be a table of OPTION = [values]")
+        rules = route_rules(adapter)
+        listed: dict[str, frozenset[str]] = {}
+        for key, values in keys.items():
+            option = rules.get(key)
+            if option is None:
+                raise ConfigError(f"{where}: {adapter} has no option {key!r}")
+            if option.kind not in ro.LISTABLE:
+                raise ConfigError(f"{where}.{key}: {_not_listable(option)}")
+            if not isinstance(values, list):
+                raise ConfigError(f"{where}.{key} must be a list of the values a route may use")
+            for value in values:
+                if option.kind == ro.ORDERED and ro.canonical(value) in option.bypass:
+                    raise ConfigError(
+                        f"{where}.{key}: {value!r} turns the guard rails off; that is "
+                        "allow.bypass, not a listed value"
+                    )
+                if option.kind == ro.ORDERED and ro.canonical(value) not in (option.ranks or {}):
+                    raise ConfigError(f"{where}.{key}: {value!r} is not one of its settings")
+                if option.items and not isinstance(value, str):
+                    raise ConfigError(
+                        f"{where}.{key} lists items one by one (text; KEY=VALUE for a map), "
+                        f"got {value!r}"
+                    )
+            listed[str(key)] = ro.listed_keys(option, values)
+        out[str(adapter)] = listed
+    return out
+
+
+def _local_program(adapter: str, options: dict[str, Any], env: Mapping[str, str]) -> None:
+    """This machine's own program is named the way a route's must be (see the wall): an
+    absolute path (``~/`` expanded here) or a bare name, never a path relative to wherever
+    the turn runs."""
+    for key, option in route_rules(adapter).items():
+        value = options.get(key)
+        if option.kind != ro.PROGRAM or value is None:
+            continue
+        argv = option.program is None and isinstance(value, list) and bool(value)
+        name = value[0] if argv else value
+        if not isinstance(name, str) or "/" not in name:
+            continue
+        if name.startswith("~"):
+            name = str(_expand(name, env))
+            options[key] = [name, *value[1:]] if argv else name
+        if not name.startswith("/"):
+            raise ConfigError(
+                f"[adapters.{adapter}] {key}: {name!r} is relative; give an absolute path, or "
+                "a bare name looked up on this machine's PATH"
+            )
+
+
+def _not_listable(option: ro.RouteOption) -> str:
+    return {
+        ro.FREE: "a route may set it freely (within the adapter's checks); nothing to list",
+        ro.LIMIT: "a route may only lower it; set this machine's bound in [adapters.NAME]",
+        ro.ADDS: "a route may only add to it; set this machine's list in [adapters.NAME]",
+        ro.PROGRAM: "programs are listed in allow.programs",
+        ro.DIRS: "directories are listed in allow.cwd",
+        ro.URL: "URLs are listed in allow.urls",
+        ro.ENV: "environment from routes is switched with allow.route_env",
+    }.get(option.kind, "it cannot be listed")
+
+
+def _notices(allow: AllowList, adapters: Mapping[str, Mapping[str, Any]],
+             profiles: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:  # fmt: skip
+    """What the receiver says about its wall when it starts (see ``ReceiverConfig``)."""
+    lines = []
+    for prefix in allow.urls:
+        why = prefix_problem(prefix)
+        if why:
+            lines.append(f"warning: allow.urls entry {prefix!r} covers no URL: {why}")
+    if allow.bypass:
+        lines.append(
+            "allow.bypass = true: routes may turn the coding agents' guard rails off "
+            "(bypassPermissions, danger-full-access, bypass_sandbox)"
+        )
+    layers = [(f"[adapters.{a}]", a, o) for a, o in adapters.items()]
+    layers += [(f"[profiles.{p}]", a, o) for p, o in profiles.items() for a in allow.adapters]
+    for where, adapter, options in layers:
+        if adapter not in allow.adapters:
+            continue
+        rules = route_rules(adapter)
+        for key, value in options.items():
+            option = rules.get(key)
+            if (
+                option is not None
+                and option.kind == ro.ORDERED
+                and (ro.canonical(value) in option.bypass)
+            ):
+                lines.append(
+                    f"{where} {key} = {value!r}: the {adapter} agent runs with its guard rails "
+                    "off (this machine's own choice)"
+                )
+    return tuple(dict.fromkeys(lines))
 
 
 def _allow(table: Any, env: Mapping[str, str]) -> AllowList:
@@ -196,10 +304,11 @@ def _allow(table: Any, env: Mapping[str, str]) -> AllowList:
         dirs.append(os.path.realpath(path))
     programs = []
     for p in _texts(table, "programs", "allow."):
-        resolved = resolve_program(str(_expand(p, env)), env.get("PATH"))
-        if resolved is None:
-            raise ConfigError(f"allow.programs: {p!r} was not found (PATH={env.get('PATH', '')})")
-        programs.append(resolved)
+        try:  # "./x" must stay relative (and refused), not become the bare name "x"
+            name = str(_expand(p, env)) if p.startswith("~") else p
+            programs.append(resolve_program(name, env.get("PATH")))
+        except ProgramNotFound as exc:
+            raise ConfigError(f"allow.programs: {p!r}: {exc}") from None
     return AllowList(
         adapters=frozenset(adapters),
         dirs=tuple(dirs),
@@ -207,6 +316,7 @@ def _allow(table: Any, env: Mapping[str, str]) -> AllowList:
         urls=tuple(_texts(table, "urls", "allow.")),
         bypass=_flag(table, "bypass", "allow."),
         route_env=_flag(table, "route_env", "allow."),
+        options=_listings(table.get("options")),
     )
 
 
@@ -306,6 +416,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
     )
     adapters = _tables(data.get("adapters"), "adapters")
     for adapter, options in adapters.items():
+        _local_program(adapter, options, env)
         try:
             runtime_for(adapter, options)
         except RuntimeConfigError as exc:
@@ -320,6 +431,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
     cert, key = _text(tls, "cert", "tls."), _text(tls, "key", "tls.")
     if (cert is None) != (key is None):
         raise ConfigError("tls.cert and tls.key go together (the client certificate for mTLS)")
+    allow = _allow(data.get("allow"), env)
+    profiles = _tables(data.get("profiles"), "profiles")
     return ReceiverConfig(
         relay=relay.rstrip("/"),
         token=token,
@@ -328,9 +441,9 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         lease_seconds=_number(data, "lease_seconds", 30, 3, 3600),
         wait=_number(data, "wait", 25, 0, 60),
         state_dir=state_dir,
-        allow=_allow(data.get("allow"), env),
+        allow=allow,
         adapters=adapters,
-        profiles=_tables(data.get("profiles"), "profiles"),
+        profiles=profiles,
         wake=_wake(data.get("wake"), env),
         poll=_number(data, "poll", 5, 0.1, 86400),
         worker=_text(data, "worker", ""),
@@ -338,6 +451,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,
         stored_tls=stored_tls,
         source=source,
+        notices=_notices(allow, adapters, profiles),
     )
 
 

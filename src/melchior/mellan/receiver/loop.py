@@ -27,10 +27,16 @@ import time
 from typing import TextIO
 
 from melchior import __version__
-from melchior.mellan.client.receiver_api import AsyncReceiverClient, ClaimedTask, ReceiverError
+from melchior.mellan.client.receiver_api import (
+    AsyncReceiverClient,
+    ClaimedTask,
+    MalformedLease,
+    ReceiverError,
+)
+from melchior.mellan.ids import AGENT_ID
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.reporter import Reporter, Revoked, backoff, revoked_reason
-from melchior.mellan.receiver.runner import Shared, TaskRun
+from melchior.mellan.receiver.runner import Shared, TaskRun, malformed
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import Report, Spool
 from melchior.mellan.receiver.status import Board
@@ -119,12 +125,20 @@ class Receiver:
             if me.get("kind") != "agent":
                 self.say("cannot start: the credential is not an agent credential (mellan join)")
                 return EXIT_CONFIG
-            self.board.agent = self.shared.agent = str(me.get("subject") or self.config.name)
+            subject = me.get("subject")
+            if not isinstance(subject, str) or not AGENT_ID.match(subject):
+                self.say(
+                    f"cannot start: the relay names this agent {subject!r:.80}, not an agent id"
+                )
+                return EXIT_CONFIG
+            self.board.agent = self.shared.agent = subject
             self.say(
                 f"receiver for {self.board.agent} on {self.config.relay} (pid {os.getpid()}, "
                 f"{self.config.concurrency} at a time, adapters "
                 f"{', '.join(sorted(self.config.allow.adapters)) or 'none'})"
             )
+            for notice in self.config.notices:
+                self.say(notice)
             try:
                 await self._supervise()
             except asyncio.CancelledError:
@@ -239,6 +253,7 @@ class Receiver:
                     lease_seconds=self.config.lease_seconds,
                     worker=self.config.worker,
                     extra={"receiver": self._about()},
+                    agent=self.shared.agent,
                 )
             except ReceiverError as exc:
                 if exc.status == 401:
@@ -257,7 +272,10 @@ class Receiver:
                 self.say("the relay answers again")
             failures = 0
             for lease in leases:
-                self._start(tg, lease, sent)
+                if isinstance(lease, MalformedLease):
+                    await self._malformed(tg, lease)
+                else:  # the lease began no earlier than this (the relay held the claim)
+                    self._start(tg, lease, sent + lease.waited)
             if not leases and self.config.wait == 0:
                 self.board.claiming = False
                 if not self._told_poll:
@@ -277,6 +295,17 @@ class Receiver:
             "running": self.running,
             "concurrency": self.config.concurrency,
         }
+
+    async def _malformed(self, tg: asyncio.TaskGroup, lease: MalformedLease) -> None:
+        """A lease that fails its checks is never run: reported as a failure naming the
+        field when its task can be named, else left to run out."""
+        report = malformed(lease)
+        if report is None:
+            self.say(f"refused a malformed lease it cannot report ({lease.reason}); it runs out")
+            return
+        self.say(f"task {lease.task_id}: refused (malformed-lease): {lease.reason}")
+        await asyncio.to_thread(self.spool.put, report)
+        self._deliver(tg, report)
 
     def _start(self, tg: asyncio.TaskGroup, lease: ClaimedTask, claimed_at: float) -> None:
         self.running += 1

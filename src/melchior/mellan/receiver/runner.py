@@ -6,10 +6,17 @@ The steps, each with its own reason:
    report did not reach the relay in time (the lease ran out): report that result under
    the new lease. A success is never run twice by one receiver.
 2. **Route and allow-list.** The relay hands the owner-approved route with the lease; no
-   route, or a route outside the machine's own allow-list
-   (:mod:`melchior.policy.allowlist`), is reported as a failure that is not retried,
-   naming the rule.
-3. **Run the adapter** (:mod:`melchior.runtimes`) with its own task group: the adapter's
+   route, or a route outside the machine's own allow-list (:mod:`.wall`), is reported as a
+   failure that is not retried, naming the rule.
+3. **Is the lease still ours?** Time is counted from the moment the claim was sent
+   (monotonic clock), plus the time the relay says it held the claim before taking the
+   lease (a long-poll answered late is not a stale lease; the relay cannot say more than
+   the claim's own wait): a receiver stopped or starved after the relay committed the
+   claim can hold a lease that already ran out — and another receiver may have run the
+   task and recorded its success meanwhile. Past the lease the turn is not started at
+   all; past a third of it, the lease is renewed first and the turn starts only if that
+   succeeds.
+4. **Run the adapter** (:mod:`melchior.runtimes`) with its own task group: the adapter's
    turn, and a keeper that renews the lease every TTL/3. The keeper stops the turn
    (cancelling it kills the adapter's whole process group: TERM, then KILL after the
    grace) when the relay says the lease is lost — after a cancel it acknowledges with
@@ -17,7 +24,7 @@ The steps, each with its own reason:
    expiry, so a receiver cut off from the relay stops before another may take over.
    Progress is streamed to the relay as the adapter reports it; a progress write that
    says the lease is lost stops the turn too.
-4. **Spool, then report.** The result is written durably to the spool before the
+5. **Spool, then report.** The result is written durably to the spool before the
    relay hears of it; :mod:`melchior.mellan.receiver.reporter` delivers it.
 """
 
@@ -28,24 +35,24 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from melchior.mellan.client.receiver_api import (
     AsyncReceiverClient,
     ClaimedTask,
+    MalformedLease,
     ReceiverError,
-    Route,
 )
 from melchior.mellan.receiver import prompt
-from melchior.mellan.receiver.config import ReceiverConfig, resolve_program
+from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.reporter import revoked_reason
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
 from melchior.mellan.receiver.status import Board, Running, short
-from melchior.policy.allowlist import PROGRAM_OPTION, RouteFacts, may_run, no_route
+from melchior.mellan.receiver.wall import Judged, judge
+from melchior.policy.allowlist import no_route
 from melchior.policy.decision import Decision, refuse
 from melchior.runtimes import (
     COMPLETED,
@@ -132,49 +139,13 @@ def refusal(task_id: str, turn: int, epoch: int, decision: Decision) -> Report:
     return Report(task_id, turn, epoch, "fail", body, time.time())
 
 
-def judge(route: Route, capability: str, config: ReceiverConfig) -> tuple[Decision, Path | None]:
-    """The allow-list's decision on ``route``, and the working directory it resolves to."""
-    adapter = route.adapter
-    options = route.options
-    cwd_text = route.cwd
-    if cwd_text is None:
-        cwd = config.allow.dirs[0] if config.allow.dirs else None
-        if cwd is None:
-            return (
-                refuse(
-                    "cwd-not-allowed",
-                    f"the route for {capability!r} names no working directory and this "
-                    "receiver's allow-list has none (allow.cwd)",
-                ),
-                None,
-            )
-    elif not os.path.isabs(cwd_text):
-        return (
-            refuse("cwd-not-allowed", f"the route's cwd {cwd_text!r} is not an absolute path"),
-            None,
-        )
-    else:
-        cwd = os.path.realpath(cwd_text)
-    program_given: str | None = None
-    key = PROGRAM_OPTION.get(adapter)
-    value = options.get(key) if key else None
-    if isinstance(value, list | tuple) and value and isinstance(value[0], str):
-        program_given = value[0]
-    elif isinstance(value, str):
-        program_given = value
-    elif value is not None:
-        program_given = repr(value)
-    program = resolve_program(program_given) if program_given else None
-    add_dirs = options.get("add_dirs")
-    dirs = (
-        tuple(
-            os.path.realpath(d) if os.path.isabs(d) else d for d in add_dirs if isinstance(d, str)
-        )
-        if isinstance(add_dirs, list | tuple)
-        else ()
-    )
-    facts = RouteFacts(capability, adapter, cwd, options, program, program_given, dirs)
-    return may_run(facts, config.allow), Path(cwd)
+def malformed(lease: MalformedLease) -> Report | None:
+    """The report of a lease this receiver will not run because it is malformed (None: its
+    task id or epoch is unusable, so nothing can be reported; the lease runs out)."""
+    if lease.task_id is None or lease.epoch is None:
+        return None
+    decision = refuse("malformed-lease", f"the relay handed a malformed lease: {lease.reason}")
+    return refusal(lease.task_id, 0, lease.epoch, decision)
 
 
 class TaskRun:
@@ -187,8 +158,8 @@ class TaskRun:
         self.task = lease.task
         self.tid = lease.task_id
         self.epoch = lease.epoch
-        self.turn = int(self.task.get("turn") or 1)
-        self.capability = str(self.task.get("capability") or "")
+        self.turn = lease.turn
+        self.capability = lease.capability
         self._quiet_until = 0.0
 
     def say(self, line: str) -> None:
@@ -209,14 +180,14 @@ class TaskRun:
         route = self.lease.route
         if route is None:
             return await self._refuse(no_route(self.capability, self.s.agent))
-        decision, cwd = judge(route, self.capability, self.s.config)
-        if not decision or cwd is None:
-            return await self._refuse(decision)
+        judged = judge(route, self.capability, self.s.config)
+        if not judged.decision or judged.cwd is None:
+            return await self._refuse(judged.decision)
         adapter = route.adapter
         session = route.session or None
         key = f"route:{session}" if session else None
         if key is None:
-            return await self._execute(route, adapter, cwd, session)
+            return await self._execute(adapter, judged, session)
         # The relay already serialises a bound session's tasks; this lock keeps that true
         # on this machine even if the relay did not. It is not waited on for long: no
         # renewals run while waiting, and the relay hands out a session's next task only
@@ -234,7 +205,7 @@ class TaskRun:
                 Report(self.tid, self.turn, self.epoch, "fail", body, time.time())
             )
         try:
-            return await self._execute(route, adapter, cwd, session)
+            return await self._execute(adapter, judged, session)
         finally:
             lock.release()
 
@@ -242,29 +213,13 @@ class TaskRun:
         self.say(f"refused ({decision.rule}): {decision.reason}")
         return await self._spool(refusal(self.tid, self.turn, self.epoch, decision))
 
-    def _runtime(self, adapter: str, options: Mapping[str, Any]) -> Runtime:
-        """The adapter with this turn's options: local defaults, the profile, the route's
-        (checked at once: a bad option fails the turn, naming it)."""
-        return runtime_for(adapter, {**self.s.config.adapters.get(adapter, {}), **options})
-
-    async def _execute(
-        self, route: Route, adapter: str, cwd: Path, bound: str | None
-    ) -> Report | None:
-        profile_name = route.profile
-        profile: Mapping[str, Any] = {}
-        if isinstance(profile_name, str) and profile_name:
-            if profile_name not in self.s.config.profiles:
-                return await self._refuse(
-                    refuse(
-                        "profile-not-found",
-                        f"the route for {self.capability!r} names profile {profile_name!r}, "
-                        "which this receiver's configuration does not define ([profiles])",
-                    )
-                )
-            profile = self.s.config.profiles[profile_name]
-        options = dict(route.options)
+    async def _execute(self, adapter: str, judged: Judged, bound: str | None) -> Report | None:
+        """Run the turn with the options the wall resolved (a bad option fails the turn at
+        once, naming it)."""
+        assert judged.cwd is not None
+        cwd = judged.cwd
         try:
-            runtime = self._runtime(adapter, {**profile, **options})
+            runtime: Runtime = runtime_for(adapter, judged.options)
         except RuntimeConfigError as exc:
             return await self._spool(
                 Report(self.tid, self.turn, self.epoch, "fail",
@@ -288,12 +243,11 @@ class TaskRun:
             session=session,
             env=env,
         )
+        if not await self._still_ours():
+            return None
         self.s.board.start(
-            Running(
-                self.tid, self.capability, adapter, self.turn,
-                int(self.task.get("attempt") or 1), time.time(),
-            )
-        )  # fmt: skip
+            Running(self.tid, self.capability, adapter, self.turn, self.lease.attempt, time.time())
+        )
         self.say(
             f"started turn {self.turn} ({self.capability}, {adapter}, attempt "
             f"{self.task.get('attempt')}, from {message.sender})"
@@ -319,6 +273,36 @@ class TaskRun:
         elif outcome.state != INPUT_REQUIRED and not bound and self.s.sessions.get(self.tid):
             await asyncio.to_thread(self.s.sessions.forget, self.tid)
         return await self._spool(report_of(outcome, self.tid, self.turn, self.epoch))
+
+    async def _still_ours(self) -> bool:
+        """May the turn start under this lease? Not past the lease (counted from when the
+        claim was sent, plus what the relay held it); past a third of it, only after a
+        renewal says it still stands."""
+        lease = self.s.config.lease_seconds
+        held = time.monotonic() - self.claimed_at
+        if held >= lease:
+            self.say(
+                f"not started: the lease may have run out ({held:.1f} s since it was taken, "
+                f"lease {lease:g} s); the relay hands the task out again"
+            )
+            return False
+        if held < lease / 3:
+            return True
+        sent = time.monotonic()
+        try:
+            out = await asyncio.wait_for(
+                self.s.client.renew(self.tid, self.epoch, lease_seconds=lease),
+                max(0.5, self.claimed_at + lease - sent),
+            )
+        except (ReceiverError, TimeoutError) as exc:
+            self.say(f"not started: the lease could not be renewed first ({exc or 'timed out'})")
+            return False
+        if not out.ok:
+            why = out.reason or out.outcome.value
+            self.say(f"not started: the lease is no longer ours ({why})")
+            return False
+        self.claimed_at = sent
+        return True
 
     async def _spool(self, report: Report) -> Report:
         await asyncio.to_thread(self.s.spool.put, report)

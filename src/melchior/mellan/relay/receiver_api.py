@@ -32,7 +32,8 @@ Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
          → 200 {"leases":[{"task":{…,"payload":<stored request, verbatim>},
                            "epoch":N,"expires_at":"…",
                            "route":{"id","capability","adapter","session","cwd",
-                                    "profile","options"} | null}]}
+                                    "profile","options"} | null}],
+                "waited":S}   (with leases: seconds the claim was held before they were taken)
     POST /api/receiver/tasks/{id}/renew     {"epoch":N,"lease_seconds":30}
     POST /api/receiver/tasks/{id}/progress  {"epoch":N,"kind":"status"|"artifact"|"message",
                                              "body":{…}}
@@ -54,6 +55,7 @@ Contract (``melchior.mellan.client.receiver_api`` is the typed client for it)::
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -148,6 +150,8 @@ async def claim(request: Request) -> Response:
     The wait is a loop of store reads woken early by the notifier: a wake-up only saves
     latency, the periodic read is what guarantees queued work is found.
     """
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     relay, me = await _agent(request)
     body = await read_object(request, relay)
     limit = field_int(body, "limit", 1, 1, MAX_CLAIM)
@@ -157,10 +161,10 @@ async def claim(request: Request) -> Response:
     await seen(relay, me, receiver_info(body.get("receiver"), wait))
     owner = f"{me.subject}@{me.credential_id}" + (f"/{worker}" if worker else "")
     topic = receiver_topic(me.workspace, me.subject)
-    loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     via = "immediate"  # how the read that finds work was prompted (metrics)
     while True:
+        asked = loop.time()
         leases = await relay.call(
             relay.store.claim,
             me.workspace,
@@ -185,7 +189,13 @@ async def claim(request: Request) -> Response:
         relay.held.put((me.workspace, me.subject, lease.task.id), True)
         turns = await relay.call(relay.store.turns, lease.task.id) if lease.task.turn > 1 else None
         views.append(lease_view(lease, turns))
-    return JSON({"leases": views})
+    # How long the request waited here before the claim that took these leases began (a
+    # lower bound, in milliseconds): the receiver counts a lease from when it sent the
+    # claim plus this, so a long-poll answered late is not mistaken for a stale lease.
+    if not leases:
+        return JSON({"leases": []})
+    waited = math.floor(max(0.0, asked - began) * 1000) / 1000
+    return JSON({"leases": views, "waited": waited})
 
 
 def _mine(store: Store, me: Principal, task_id: str) -> Task:
