@@ -339,6 +339,11 @@ def test_a_claim_answered_after_the_lease_ran_out_is_not_started(
         relay.hand(slow, hold=1.5)
         rp.wait_line(f"task {slow['task']['id']}: not started: the lease is no longer ours")
         assert len(relay.wrote(slow["task"]["id"], "renew")) == 1
+        # cancelled meanwhile: nothing ran, and the relay hears so at once
+        relay.renew_outcome = {"outcome": "lease-lost", "reason": "cancelled"}
+        gone = lease(options={"argv": [str(box.tools / "inspect")]}, cwd=str(box.work))
+        relay.hand(gone, hold=1.5)
+        wait_for(lambda: relay.wrote(gone["task"]["id"], "cancel-ack"), "the cancel-ack")
         # … and started when the renewal stands
         relay.renew_outcome = {"outcome": "ok"}
         fine = lease(options={"argv": [str(box.tools / "inspect")]}, cwd=str(box.work))

@@ -300,6 +300,9 @@ class TaskRun:
         if not out.ok:
             why = out.reason or out.outcome.value
             self.say(f"not started: the lease is no longer ours ({why})")
+            if why == "cancelled":  # nothing ran: say so at once, freeing its session slot
+                with contextlib.suppress(ReceiverError, TimeoutError):
+                    await asyncio.wait_for(self.s.client.cancel_ack(self.tid, self.epoch), 10)
             return False
         self.claimed_at = sent
         return True
