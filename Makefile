@@ -1,5 +1,7 @@
 # One command sets up a fresh machine and runs the main job; one runs the tests.
-#   make run    create .venv, install melchior, start the mellan relay (SQLite default)
+#   make run    create .venv, install melchior, start the mellan relay (SQLite default;
+#               PORT=… HOST=… pass --port/--host)
+#   make demo   the whole system working on a throwaway relay (mellan demo), Ctrl-C ends it
 #   make test   create .venv if needed, install with test extras, run the whole suite
 #   make test-streaming   only the provider SSE/HTTP boundary tests (no credentials)
 #   make screenshots      the dashboard's screenshots in docs/dashboard/ (needs chromium)
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 
 JS_SDK := $(VENV)/js
 
-.PHONY: setup run test test-streaming lint bench clean js-sdk screenshots
+.PHONY: setup run demo test test-streaming lint bench clean js-sdk screenshots
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +23,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mellan relay
+	$(BIN)/mellan relay $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
+
+demo: $(STAMP)
+	$(BIN)/mellan demo
 
 # A second, independent A2A client for the interop tests (skipped where npm is missing).
 js-sdk:

@@ -35,7 +35,7 @@ def _paths() -> list[tuple[str, str]]:
     """Every protected route of the dashboard, with its path parameters filled in."""
     out = []
     for r in routes():
-        if isinstance(r, Mount) or not isinstance(r, Route) or r.path == "/signin":
+        if isinstance(r, Mount) or not isinstance(r, Route) or r.path.startswith("/signin"):
             continue
         path = r.path
         for name in r.param_convertors:
@@ -489,3 +489,71 @@ def test_the_agents_page_shows_receivers_online(site: tuple[Server, World]) -> N
     assert '<span class="receiver online">online</span>' in page
     assert "ops-box" in page
     assert "running 1 of 4" in page
+
+
+def _link(server: Server, token: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/api/dashboard/links", json={},
+        headers={"authorization": f"Bearer {token}"},
+    )  # fmt: skip
+
+
+def test_a_one_time_link_signs_one_browser_in_once(site: tuple[Server, World]) -> None:
+    server, world = site
+    minted = _link(server, world.tokens["owner"])
+    assert minted.status_code == 200, minted.text
+    url = minted.json()["url"]
+    assert minted.json()["expires_in"] == 600
+    assert url.startswith(f"{server.url}/ui/signin/link?code=")
+    code = url.split("code=", 1)[1]
+    # following the link shows a button; the GET alone signs nobody in (a link previewer)
+    c = browser(server.url)
+    page = c.get(url.removeprefix(server.url))
+    assert page.status_code == 200
+    assert "Continue to the dashboard" in page.text
+    assert c.get("/ui/").status_code == 303
+    # the code is no cookie: a browser that sets it as its session gets nothing
+    sneaky = browser(server.url)
+    sneaky.cookies.set("mellan_session", code)
+    assert sneaky.get("/ui/agents").status_code == 303
+    # a foreign page cannot post it for the browser (no sign-in cookie, wrong origin)
+    r = browser(server.url).post(
+        "/ui/signin/link", data={"csrf": "x", "code": code},
+        headers={"origin": "https://evil.example", "sec-fetch-site": "cross-site"},
+    )  # fmt: skip
+    assert r.status_code == 403
+    # the button: signed in, at the overview
+    r = post_form(c, "/ui/signin/link", {"csrf": csrf_of(page.text), "code": code})
+    assert r.status_code == 303, r.text
+    assert r.headers["location"] == "/ui/"
+    assert c.get("/ui/agents").status_code == 200
+    # once: a second browser with the same link is refused, saying why
+    other = browser(server.url)
+    again = other.get(url.removeprefix(server.url))
+    r = post_form(other, "/ui/signin/link", {"csrf": csrf_of(again.text), "code": code})
+    assert r.status_code == 401
+    assert "used already, has expired" in html.unescape(r.text)
+    links = server.store.audit_matching(WS, AuditFilter(action="session.link"))
+    assert len(links) == 2  # minted, used
+    # only the owner mints one
+    assert _link(server, world.tokens["caller"]).status_code == 403
+
+
+def test_an_expired_or_revoked_link_signs_nobody_in(site: tuple[Server, World]) -> None:
+    server, world = site
+    for spoil in ("expire", "revoke"):
+        url = _link(server, world.tokens["owner"]).json()["url"]
+        if spoil == "expire":
+            assert server.store.expire_sessions() >= 1
+        c = browser(server.url)
+        page = c.get(url.removeprefix(server.url))
+        if spoil == "revoke":
+            api = httpx.post(
+                f"{server.url}/api/credentials/{world.credential_ids['owner']}/revoke",
+                headers={"authorization": f"Bearer {world.tokens['owner']}"},
+            )
+            assert api.status_code == 200
+        code = url.split("code=", 1)[1]
+        r = post_form(c, "/ui/signin/link", {"csrf": csrf_of(page.text), "code": code})
+        assert r.status_code == 401, (spoil, r.text)
+        assert c.get("/ui/").status_code == 303

@@ -189,8 +189,8 @@ def test_non_loopback_plain_http_is_refused_unless_insecure(tmp_path: Path) -> N
     out = mellan(tmp_path, "--host", "0.0.0.0", "--port", "0",
                  "--database", f"sqlite://{tmp_path / 'r.db'}")  # fmt: skip
     assert out.returncode == 2
-    assert "refusing to serve plain HTTP on 0.0.0.0" in out.stdout
-    assert "--insecure-http" in out.stdout
+    assert "refusing to serve plain HTTP on 0.0.0.0" in out.stderr
+    assert "--insecure-http" in out.stderr
     relay = start_relay(f"sqlite://{tmp_path / 'r.db'}", tmp_path, "--host", "0.0.0.0",
                         "--insecure-http")  # fmt: skip
     try:

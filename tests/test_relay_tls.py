@@ -261,11 +261,11 @@ def test_bad_tls_settings_are_refused_at_start(tmp_path: Path, ca: trustme.CA) -
     cli = Cli(tmp_path)
     db = f"sqlite://{tmp_path / 'r.db'}"
     out = cli.run("relay", "--database", db, "--tls-cert", str(crt), code=2)
-    assert "--tls-cert and --tls-key go together" in out.stdout
+    assert "--tls-cert and --tls-key go together" in out.stderr
     out = cli.run("relay", "--database", db, "--tls-cert", str(crt), "--tls-key", str(crt), code=1)
-    assert "cannot serve HTTPS" in out.stdout
+    assert "cannot serve HTTPS" in out.stderr
     out = cli.run("relay", "--database", db, "--client-ca", str(crt), code=2)
-    assert "needs HTTPS" in out.stdout
+    assert "needs HTTPS" in out.stderr
 
 
 # -- no credential over plain HTTP to another machine ---------------------------------------

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "connect": ("melchior.mellan.commands.connect", "propose how this agent runs a capability"),
     "route": ("melchior.mellan.commands.route", "list, approve and revoke task routes"),
     "receiver": ("melchior.mellan.commands.receiver", "run, watch or install a receiver"),
+    "dashboard": ("melchior.mellan.commands.dashboard", "a one-time sign-in link to the dashboard"),
+    "demo": ("melchior.mellan.commands.demo", "watch the whole system work, on a throwaway relay"),
 }
 
 

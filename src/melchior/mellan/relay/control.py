@@ -46,6 +46,7 @@ from melchior.mellan.relay.http import (
     field_str,
     query_int,
     read_object,
+    require_owner,
     task_view,
 )
 from melchior.mellan.relay.limits import WORKSPACE_DEFAULTS
@@ -469,6 +470,18 @@ async def limits(request: Request) -> Response:
     return JSON(actions.limits_view(relay, stored, agent))
 
 
+async def dashboard_link(request: Request) -> Response:
+    """``POST`` (owner): a one-time link that signs a browser in to the dashboard, for
+    :data:`~melchior.mellan.relay.dashboard.sessions.LINK_TTL` seconds."""
+    from melchior.mellan.relay.dashboard import PREFIX, sessions
+
+    relay, me = await _who(request)
+    require_owner(me)
+    code = await sessions.mint_link(relay, me)
+    url = f"{relay.public_url}{PREFIX}/signin/link?code={code}"
+    return JSON({"url": url, "expires_in": sessions.LINK_TTL})
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/whoami", whoami, methods=["GET"]),
@@ -490,6 +503,7 @@ def routes() -> list[BaseRoute]:
         Route("/tasks/{task_id}/cancel", cancel_task, methods=["POST"]),
         Route("/credentials/{credential_id}", revoke_credential, methods=["DELETE"]),
         Route("/credentials/{credential_id}/revoke", revoke_credential, methods=["POST"]),
+        Route("/dashboard/links", dashboard_link, methods=["POST"]),
         Route("/push/secret", push_secret, methods=["GET"]),
         Route("/push/secret/rotate", push_secret, methods=["POST"]),
         Route("/push/settings", push_settings, methods=["GET", "PUT"]),

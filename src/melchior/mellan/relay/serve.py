@@ -15,6 +15,9 @@ import contextlib
 import faulthandler
 import ipaddress
 import json
+import os
+import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -122,8 +125,21 @@ def bootstrap(
         credential_id=credential_id,
         token_file=str(token_file),
     )
-    say(f"  log in with: mellan login --relay {url} --token-file {token_file}")
+    say(f"  log in with: {mellan_command()} login --relay {url} --token-file {token_file}")
     return True
+
+
+def mellan_command() -> str:
+    """How the person reading this runs this same ``mellan``: the bare name when their
+    PATH finds this one, else its path (a fresh checkout's lives in ``.venv/bin``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) != "mellan":
+        return "mellan"
+    mine = os.path.realpath(argv0)
+    found = shutil.which("mellan")
+    if found is not None and os.path.realpath(found) == mine:
+        return "mellan"
+    return shlex.quote(os.path.abspath(argv0))
 
 
 def ipaddress_is_loopback(host: str) -> bool:
@@ -277,8 +293,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     def say(line: str, event: str = "status", **fields: object) -> None:
         if options.json:
             print(json.dumps({"event": event, "message": line, **fields}), file=out, flush=True)
-        else:
-            print(f"mellan relay: {line}", file=out, flush=True)
+        else:  # what stops the relay goes where errors go; the JSON log is one stream
+            where = sys.stderr if event == "error" and out is sys.stdout else out
+            print(f"mellan relay: {line}", file=where, flush=True)
 
     configure_logging(options.log_format, access=options.log_format == "json")
     metrics_token = None
@@ -308,8 +325,11 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     try:
         sock = bind(options.host, options.port)
     except OSError as exc:
-        say(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}", "error")
-        say("  is another relay running? choose another port with --port")
+        say(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc} (is "
+            "another relay running? choose another port with --port or $MELLAN_PORT)",
+            "error",
+        )
         return 1
     notifier = make_notifier(options.database)
     try:
@@ -392,6 +412,12 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             "listening",
             url=url,
             public_url=public,
+        )
+        say(
+            f"dashboard: {public}/ui/ (a one-time sign-in link: {mellan_command()} dashboard "
+            "link, once logged in)",
+            "dashboard",
+            url=f"{public}/ui/",
         )
         if tls is not None:
             mtls = f"; client certificates from {tls.client_ca} required on /api/receiver/"

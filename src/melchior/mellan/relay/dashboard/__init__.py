@@ -124,6 +124,8 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/signin", signin.signin_page, methods=get),
         Route("/signin", signin.signin, methods=post),
+        Route("/signin/link", signin.link_page, methods=get),
+        Route("/signin/link", signin.link_signin, methods=post),
         Route("/signout", change(signin.signout), methods=post),
         Route("/", view(pages.overview), methods=get),
         Route("/agents", view(pages.agents_page), methods=get),

@@ -14,12 +14,20 @@
 - Sign-in itself is a form too: before a session exists it is guarded by a short-lived
   sign-in cookie whose value the form must echo (so a foreign page cannot sign a browser
   into someone else's workspace), plus the origin check.
+- A **one-time sign-in link** (``mellan dashboard link``, minted with an owner credential)
+  spares pasting the owner token: its code is kept like a session — only its SHA-256,
+  under a prefix no session cookie can take — with :data:`LINK_TTL` to live, and it is
+  used up by deleting it (one statement, so two browsers racing for it cannot both win)
+  before a session of its own is started for the same credential. Following the link
+  shows a page with a button; only that form's POST signs in, so a link previewer that
+  fetches the URL signs nobody in and does not use the link up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -40,6 +48,12 @@ CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
 SIGNIN_TTL = 15 * 60
 """Seconds a sign-in form stays valid (its cookie's lifetime)."""
+LINK_TTL = 10 * 60
+"""Seconds a one-time sign-in link stays valid."""
+LINK_PREFIX = "dashboard-link:"
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{43}\Z")
+"""What a session cookie holds (``secrets.token_urlsafe(32)``); a link's stored key is
+never of this form, so a link code cannot be used as a cookie."""
 
 
 @dataclass(frozen=True)
@@ -202,11 +216,15 @@ async def sign_in(relay: Relay, settings: Settings, token: str) -> tuple[Princip
             False, decision.rule, decision.reason,
         )  # fmt: skip
         raise Refused(403, decision)
+    return principal, await _start(relay, settings, principal, "signed in to the dashboard")
+
+
+async def _start(relay: Relay, settings: Settings, principal: Principal, how: str) -> str:
+    """A new session for ``principal`` (an owner), recorded; its id."""
     session_id = secrets.token_urlsafe(32)
     audit = Record(
         actor(principal), "session.start", "owner",
-        f"signed in to the dashboard (idle timeout {settings.idle:g} s, at most "
-        f"{settings.lifetime:g} s)",
+        f"{how} (idle timeout {settings.idle:g} s, at most {settings.lifetime:g} s)",
         {"credential_id": principal.credential_id},
     )  # fmt: skip
     await relay.call(
@@ -218,7 +236,56 @@ async def sign_in(relay: Relay, settings: Settings, token: str) -> tuple[Princip
         max_seconds=settings.lifetime,
         record=audit,
     )
-    return principal, session_id
+    return session_id
+
+
+def _link_key(code: str) -> str:
+    return hash_token(LINK_PREFIX + code)
+
+
+async def mint_link(relay: Relay, principal: Principal) -> str:
+    """A one-time sign-in link's code for the owner ``principal`` (recorded); the caller
+    has checked that it is an owner."""
+    assert principal.kind is CredentialKind.OWNER
+    code = secrets.token_urlsafe(32)
+    audit = Record(
+        actor(principal), "session.link", "owner",
+        f"minted a one-time dashboard sign-in link (valid {LINK_TTL} s)",
+        {"credential_id": principal.credential_id},
+    )  # fmt: skip
+    await relay.call(
+        relay.store.add_session, principal.workspace, principal.credential_id,
+        _link_key(code), idle_seconds=LINK_TTL, max_seconds=LINK_TTL, record=audit,
+    )  # fmt: skip
+    return code
+
+
+LINK_SPENT = refuse(
+    "link-spent",
+    "this sign-in link was used already, has expired, or was never minted; ask for another "
+    "('mellan dashboard link'), or sign in with the owner token",
+)
+
+
+async def redeem_link(relay: Relay, settings: Settings, code: str | None) -> str:
+    """Use up the link ``code`` and start a session for its owner: the session id. Only
+    one browser wins a link; a spent, expired or revoked one is refused (401)."""
+    if not code or len(code) > 200:
+        raise Refused(401, LINK_SPENT)
+    key = _link_key(code)
+    stored = await relay.call(relay.store.session_for, key)
+    if stored is None:
+        raise Refused(401, LINK_SPENT)
+    decision = session_stands(
+        now=stored.now,
+        idle_until=stored.idle_expires_at,
+        until=stored.expires_at,
+        credential_live=stored.credential_live,
+    )
+    used = Record(actor(stored.principal), "session.link", "owner", "used a sign-in link")
+    if not await relay.call(relay.store.end_session, key, record=used) or not decision:
+        raise Refused(401, LINK_SPENT if decision else decision)
+    return await _start(relay, settings, stored.principal, "signed in to the dashboard by a link")
 
 
 def keep_session(
@@ -249,6 +316,8 @@ async def current(request: Request, relay: Relay, settings: Settings, *, touch: 
     session_id = request.cookies.get(cookie_name(request, relay))
     if not session_id:
         raise Refused(401, NOT_SIGNED_IN)
+    if not SESSION_ID.match(session_id):
+        raise Refused(401, refuse("no-session", "this is no session cookie of ours; sign in"))
     id_hash = hash_token(session_id)
     stored = await relay.call(relay.store.session_for, id_hash)
     if stored is None:

@@ -62,6 +62,34 @@ async def signin(request: Request) -> Response:
     return response
 
 
+async def link_page(request: Request) -> Response:
+    """Where a one-time sign-in link lands: a page with one button. Only its form's POST
+    uses the link up, so a previewer fetching the URL signs nobody in."""
+    relay = relay_of(request)
+    token = sessions.signin_token(request, relay)
+    response = render.page(
+        request, "signin_link.html",
+        {"code": request.query_params.get("code", "")[:200], "signin_token": token},
+    )  # fmt: skip
+    sessions.keep_signin_token(response, request, relay, token)
+    return response
+
+
+async def link_signin(request: Request) -> Response:
+    relay = relay_of(request)
+    sessions.check_origin(request, relay)
+    form: Form = await read_form(request, relay.body_deadline)
+    sessions.check_signin_form(request, relay, form.get(sessions.CSRF_FIELD))
+    try:
+        session_id = await sessions.redeem_link(relay, settings_of(request), form.get("code"))
+    except Refused as exc:
+        said = {"rule": exc.decision.rule, "reason": exc.decision.reason}
+        return _form(request, status=exc.status, error=said)
+    response = RedirectResponse(f"{render.base_path(request)}/", status_code=303)
+    sessions.keep_session(response, request, relay, settings_of(request), session_id)
+    return response
+
+
 async def signout(request: Request, owner: Owner, form: Form) -> Response:
     relay = relay_of(request)
     await sessions.sign_out(relay, owner)

@@ -1,0 +1,65 @@
+"""A newcomer's first minutes: the README's "Next" block runs as written on a fresh
+machine (the demo straight through, a relay of one's own, a login, a one-time dashboard
+link); the relay's start-up says where the dashboard is and how to run ``mellan`` from
+this shell; a port in use is one line naming the port and the way to change it."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from doc_kit import run_bash, script_bin, sh_blocks
+from receiver_kit import wait_for
+from relay_proc import relay_env, start_relay
+
+MELLAN = str(Path(sys.executable).parent / "mellan")
+
+
+def test_the_readme_next_block_runs_as_written(tmp_path: Path) -> None:
+    bindir = script_bin("mellan")
+    blocks = sh_blocks("../README.md", "Next")
+    assert blocks[0].strip() == "make demo"  # the same demo; the block below runs it too
+    home = {f"XDG_{k}_HOME": str(tmp_path / k.lower()) for k in ("DATA", "CONFIG", "STATE")}
+    script = f'cd "{tmp_path}"\n' + blocks[1].replace('export PATH="$PWD/.venv/bin:$PATH"', ":")
+    ran = run_bash(script, bindir=bindir, drop=("MELLAN_",), env=home, timeout=300)
+    assert ran.returncode == 0, (ran.stdout[-3000:], ran.stderr[-3000:])
+    assert "completed: inspected (incident.inspect for local/codex)" in ran.stdout
+    assert re.search(r"^http://127\.0\.0\.1:\d+/ui/signin/link\?code=\S+$", ran.stdout, re.M)
+
+
+def test_the_relay_says_where_its_dashboard_is_and_how_to_reach_mellan(tmp_path: Path) -> None:
+    env = relay_env(tmp_path)
+    env["PATH"] = "/usr/bin:/bin"  # as on a fresh machine: .venv/bin is not on PATH
+    relay = start_relay(f"sqlite://{tmp_path / 'r.db'}", tmp_path, extra_env=env)
+    try:
+        wait_for(lambda: any("ready" in line for line in relay.lines), "the relay's ready line")
+        text = "\n".join(relay.lines)
+        assert f"dashboard: {relay.url}/ui/" in text
+        # the hints name this mellan by its path, since `mellan` is not on this PATH
+        assert f"log in with: {MELLAN} login --relay {relay.url}" in text
+        assert f"{MELLAN} dashboard link" in text
+    finally:
+        relay.stop()
+
+
+def test_a_port_in_use_is_one_line_naming_it_and_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [MELLAN, "relay", "--port", str(port), "--database", f"sqlite://{tmp_path / 'r.db'}",
+             "--owner-token-file", str(tmp_path / "t")],
+            capture_output=True, text=True, env={**os.environ, **relay_env(tmp_path)}, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1
+    said = [line for line in done.stderr.splitlines() if line]
+    assert said == [
+        f"mellan relay: cannot listen on 127.0.0.1:{port}: Address already in use (is another "
+        "relay running? choose another port with --port or $MELLAN_PORT)"
+    ], done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
