@@ -63,3 +63,29 @@ def test_a_port_in_use_is_one_line_naming_it_and_the_flag(tmp_path: Path) -> Non
         "relay running? choose another port with --port or $MELLAN_PORT)"
     ], done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_an_unknown_command_is_named_as_one_at_every_level(tmp_path: Path) -> None:
+    for argv, said in (
+        (["agnet", "list"], "mellan: error: unknown command 'agnet'; did you mean 'agent'?"),
+        (["agnet"], "mellan: error: unknown command 'agnet'; did you mean 'agent'?"),
+        (["agent", "lst"], "mellan agent: error: unknown command 'lst'; did you mean 'list'?"),
+        (["route", "aprove", "x"], "mellan route: error: unknown command 'aprove'; did you mean"),
+    ):
+        done = subprocess.run([MELLAN, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stdout == ""
+        assert said in done.stderr, done.stderr
+
+
+def test_a_refused_send_says_why_in_the_words_of_the_api_that_refused(tmp_path: Path) -> None:
+    relay = start_relay(f"sqlite://{tmp_path / 'r.db'}", tmp_path)
+    try:
+        env = {**relay_env(tmp_path), "MELLAN_TOKEN": "mln_bogus", "MELLAN_RELAY": relay.url}
+        done = subprocess.run([MELLAN, "send", "private/ops", "hi"], capture_output=True,
+                              text=True, env=env, timeout=60)  # fmt: skip
+        assert done.returncode == 1
+        assert "None" not in done.stderr
+        assert "(bad-credential, HTTP 401)" in done.stderr, done.stderr
+    finally:
+        relay.stop()

@@ -15,6 +15,7 @@ import sys
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up, above)
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from typing import NoReturn
 
 
 class Program:
@@ -55,7 +56,7 @@ def run(program: Program, argv: Sequence[str]) -> int:
             return fast_code
         import argparse
 
-        parser = argparse.ArgumentParser(
+        parser = parser_class()(
             prog=f"{program.prog} {name}",
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -66,13 +67,36 @@ def run(program: Program, argv: Sequence[str]) -> int:
     return _top_level(program, args)
 
 
+def parser_class() -> type:
+    """``argparse.ArgumentParser`` that names an unknown command as one at every level
+    (subparsers inherit their parent's class), with the closest known one."""
+    import argparse
+    import difflib
+    import re
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            found = re.match(r"argument [^:]+: invalid choice: '(.*)' \(choose from (.*)\)$",
+                             message)  # fmt: skip
+            if found is not None:
+                wrong = found.group(1)
+                known = [c.strip().strip("'") for c in found.group(2).split(",")]
+                close = difflib.get_close_matches(wrong, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                message = f"unknown command {wrong!r}{hint} (the commands: {', '.join(known)})"
+            super().error(message)
+
+    return Parser
+
+
 def _top_level(program: Program, args: list[str]) -> int:
     import argparse
+    import difflib
 
     width = max((len(n) for n in program.commands), default=0) + 1
     lines = "\n".join(f"  {name:<{width}} {text}" for name, (_, text) in program.commands.items())
     footer = f" {program.footer}" if program.footer else ""
-    parser = argparse.ArgumentParser(
+    parser = parser_class()(
         prog=program.prog,
         description=program.description,
         epilog=f"commands:\n{lines}\n\nRun '{program.prog} COMMAND --help' for a command's "
@@ -81,8 +105,11 @@ def _top_level(program: Program, args: list[str]) -> int:
     )
     parser.add_argument("--version", action="version", version=f"{program.prog} {program.version}")
     parser.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ns = parser.parse_args(args)
     if ns.command is not None:
-        parser.error(f"unknown command {ns.command!r}; see '{program.prog} --help'")
+        close = difflib.get_close_matches(ns.command, list(program.commands), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        parser.error(f"unknown command {ns.command!r}{hint} (see '{program.prog} --help')")
     parser.print_help()
     return 0

@@ -78,9 +78,16 @@ class Wire:
             raise CliError(str(exc), EXIT_USAGE) from None
 
     def _fail(self, response: httpx.Response) -> CliError:
+        """The refusal as the API that made it says it: the A2A entry answers with a
+        ``google.rpc.Status`` (``message``, ``status``), the control API with its own
+        (``reason``, ``code``)."""
         try:
             error = json.loads(response.content).get("error", {})
-            reason = f"{error.get('message')} ({error.get('status')}, HTTP {response.status_code})"
+            said = error.get("message") or error.get("reason")
+            kind = error.get("status") or error.get("code")
+            if not isinstance(said, str) or not said:
+                raise ValueError("no reason in the answer")
+            reason = f"{said} ({kind}, HTTP {response.status_code})"
         except (ValueError, AttributeError):
             reason = f"HTTP {response.status_code}: {response.text[:200]}"
         code = EXIT_UNREACHABLE if response.status_code == 503 else EXIT_REFUSED
