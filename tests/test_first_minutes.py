@@ -14,7 +14,7 @@ from pathlib import Path
 
 from doc_kit import run_bash, script_bin, sh_blocks
 from receiver_kit import wait_for
-from relay_proc import relay_env, start_relay
+from relay_proc import ok, relay_env, setup_pair, start_relay
 
 MELLAN = str(Path(sys.executable).parent / "mellan")
 
@@ -87,5 +87,37 @@ def test_a_refused_send_says_why_in_the_words_of_the_api_that_refused(tmp_path: 
         assert done.returncode == 1
         assert "None" not in done.stderr
         assert "(bad-credential, HTTP 401)" in done.stderr, done.stderr
+    finally:
+        relay.stop()
+
+
+def test_send_wait_says_what_it_waits_for_and_that_nobody_took_it(tmp_path: Path) -> None:
+    """No receiver runs: --wait says the task is queued, then plainly that no receiver has
+    taken it; a cancel ends the wait with the task's end on stdout."""
+    relay = start_relay(f"sqlite://{tmp_path / 'r.db'}", tmp_path)
+    try:
+        caller, _ = setup_pair(relay)
+        env = {**relay_env(tmp_path), "MELLAN_TOKEN": caller, "MELLAN_RELAY": relay.url}
+        proc = subprocess.Popen(
+            [MELLAN, "send", "private/ops", "anyone there?", "--capability",
+             "incident.inspect", "--wait"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            said = [proc.stderr.readline(), proc.stderr.readline()]
+            assert said[0] == "mellan send: queued for private/ops\n", said
+            assert said[1].startswith("mellan send: still queued after 5 s: no receiver has "
+                                      "taken it yet"), said  # fmt: skip
+            with relay.owner() as c:
+                (task,) = ok(c.get("/api/tasks"))["tasks"]
+                ok(c.post(f"/api/tasks/{task['id']}/cancel"))
+            out, rest = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 1
+        assert out.startswith(f"task {task['id']} canceled"), (out, rest)
+        assert "mellan send: canceled" in rest
     finally:
         relay.stop()

@@ -6,7 +6,9 @@ The credential is an *agent* credential: the one ``mellan join`` stored for ``--
 else ``$MELLAN_TOKEN``, else the only one stored (the rule every mellan command follows).
 By default the task is accepted and its id printed at once (the receiver may be offline;
 the work stays queued). ``--wait`` blocks until the task completes, fails, is cancelled
-or asks for input; ``--stream`` prints progress as it happens. Exit status: 0 when
+or asks for input, saying on stderr what it waits for as the task moves (queued, taken
+by a receiver, its progress) and when no receiver has taken it after a few seconds;
+``--stream`` prints progress as it happens. Exit status: 0 when
 accepted/completed/input-required, 1 when refused, failed or cancelled, 3 when the relay
 is unreachable.
 """
@@ -17,6 +19,8 @@ import argparse
 import json
 import secrets
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -119,12 +123,27 @@ class Wire:
         data: dict[str, Any] = json.loads(r.content)
         return data, r.text
 
-    def stream(self, base: str, body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
-        """Each event (for display) with its exact JSON text (for ``--json``)."""
+    def get(self, base: str, task_id: str) -> str:
+        """``GetTask``: the task's exact JSON text."""
         try:
-            with self.http.stream(
-                "POST", base + "/message:stream", content=json.dumps(body).encode()
-            ) as r:
+            r = self.http.get(f"{base}/tasks/{quote(task_id, safe='')}")
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from exc
+        if not r.is_success:
+            raise self._fail(r)
+        return r.text
+
+    def stream(
+        self, base: str, body: dict[str, Any] | None, task_id: str | None = None
+    ) -> Iterator[tuple[dict[str, Any], str]]:
+        """Each event (for display) with its exact JSON text (for ``--json``): of a new
+        task (``SendStreamingMessage`` with ``body``) or of ``task_id`` (``SubscribeToTask``)."""
+        if task_id is not None:
+            path, payload = f"{base}/tasks/{quote(task_id, safe='')}:subscribe", b"{}"
+        else:
+            path, payload = base + "/message:stream", json.dumps(body).encode()
+        try:
+            with self.http.stream("POST", path, content=payload) as r:
                 if not r.is_success:
                     r.read()
                     raise self._fail(r)
@@ -187,6 +206,98 @@ def _exit_for(state: str) -> int:
     return EXIT_REFUSED if state in DONE_BAD else 0
 
 
+ENDS = ("TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED",
+        *DONE_BAD)  # fmt: skip
+QUEUED_HINT = 5.0
+"""Seconds a waiting task may sit queued before the waiter says nobody has taken it."""
+
+
+class Watch:
+    """What ``--wait`` and ``--stream`` say on stderr while a task moves: each state once,
+    and — after :data:`QUEUED_HINT` seconds queued, then every minute — that no receiver
+    has taken it yet (the relay keeps it; a receiver for the agent must be running)."""
+
+    def __init__(self, receiver: str, err: Any = None) -> None:
+        self.receiver = receiver
+        self.err = err or sys.stderr
+        self.state = ""
+        self.began = time.monotonic()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            print(f"mellan send: {line}", file=self.err, flush=True)
+
+    def saw(self, state: str, said: str = "") -> None:
+        if state and state != self.state:
+            self.state = state
+            shown = {"submitted": f"queued for {self.receiver}", "working": "a receiver took it"}
+            name = _short(state)
+            self.say(shown.get(name, name) + (f": {said}" if said else ""))
+            if state == "TASK_STATE_SUBMITTED":
+                self._arm(QUEUED_HINT)
+            elif self._timer is not None:
+                self._timer.cancel()
+        elif said and state == "TASK_STATE_WORKING":
+            self.say(f"progress: {said}")
+
+    def _arm(self, after: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(after, self._still_queued)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _still_queued(self) -> None:
+        if self.state != "TASK_STATE_SUBMITTED":
+            return
+        waited = time.monotonic() - self.began
+        self.say(
+            f"still queued after {waited:.0f} s: no receiver has taken it yet; the relay keeps "
+            f"it until one for {self.receiver} claims it (on that machine: mellan receiver "
+            "status; mellan receiver run starts one)"
+        )
+        self._arm(60.0)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _event_state(event: dict[str, Any]) -> tuple[str, str]:
+    if "task" in event:
+        status = event["task"]["status"]
+    elif "statusUpdate" in event:
+        status = event["statusUpdate"]["status"]
+    else:
+        return "", ""
+    return str(status.get("state", "")), _text(status.get("message"))
+
+
+def _wait(wire: Wire, base: str, task: dict[str, Any], watch: Watch) -> tuple[dict[str, Any], str]:
+    """Follow an accepted task to its end (``SubscribeToTask``, saying what happens on
+    stderr), then read it whole (``GetTask``): the final task and its exact JSON."""
+    watch.saw(task["status"]["state"], _text(task["status"].get("message")))
+    if task["status"]["state"] not in ENDS:
+        try:
+            for event, _ in wire.stream(base, None, task_id=task["id"]):
+                if "error" in event:
+                    raise CliError(f"following the task failed: {event['error'].get('message')}")
+                state, said = _event_state(event)
+                watch.saw(state, said)
+                if state in ENDS:
+                    break
+        except CliError:  # it ended before the subscription began (nothing left to follow)?
+            raw = wire.get(base, task["id"])
+            if json.loads(raw)["status"]["state"] not in ENDS:
+                raise
+    raw = wire.get(base, task["id"])
+    final: dict[str, Any] = json.loads(raw)
+    watch.saw(final["status"]["state"])
+    return final, raw
+
+
 @guarded
 def run(ns: argparse.Namespace) -> int:
     text = sys.stdin.read() if ns.text == "-" else ns.text
@@ -206,20 +317,28 @@ def run(ns: argparse.Namespace) -> int:
     body: dict[str, Any] = {"message": message}
     if ns.capability:
         body["metadata"] = {"capability": ns.capability}
-    if ns.stream:
-        state = ""
-        for event, raw in wire.stream(base, body):
-            print(raw if ns.json else describe(event), flush=True)
-            if "error" in event:
-                raise CliError(f"stream failed: {event['error'].get('message')}")
-            if "task" in event:
-                state = event["task"]["status"]["state"]
-            elif "statusUpdate" in event:
-                state = event["statusUpdate"]["status"]["state"]
-        return _exit_for(state)
-    body["configuration"] = {"returnImmediately": not ns.wait}
-    answer, raw = wire.send(base, body)
-    task = answer["task"]
+    watch = Watch(ns.receiver)
+    try:
+        if ns.stream:
+            state = ""
+            for event, raw in wire.stream(base, body):
+                print(raw if ns.json else describe(event), flush=True)
+                if "error" in event:
+                    raise CliError(f"stream failed: {event['error'].get('message')}")
+                state = _event_state(event)[0] or state
+                if state == "TASK_STATE_SUBMITTED":
+                    watch.saw(state)  # only the queued hint: the events are on stdout
+                else:
+                    watch.stop()
+            return _exit_for(state)
+        body["configuration"] = {"returnImmediately": True}
+        answer, raw = wire.send(base, body)
+        task = answer["task"]
+        if ns.wait:
+            task, text = _wait(wire, base, task, watch)
+            raw = '{"task": ' + text + "}"
+    finally:
+        watch.stop()
     if ns.json:
         print(raw)
     elif ns.wait:
