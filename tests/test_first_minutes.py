@@ -5,12 +5,16 @@ this shell; a port in use is one line naming the port and the way to change it."
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from doc_kit import run_bash, script_bin, sh_blocks
 from receiver_kit import wait_for
@@ -121,3 +125,79 @@ def test_send_wait_says_what_it_waits_for_and_that_nobody_took_it(tmp_path: Path
         assert "mellan send: canceled" in rest
     finally:
         relay.stop()
+
+
+def _stops(argv: list[str], env: dict[str, str], ready: str, sig: int, **popen: object) -> str:
+    """Start a long-running command, wait for ``ready`` on its output, send ``sig``:
+    it must exit 0 on its own (a deadline for something broken)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, **popen)  # type: ignore[call-overload]  # fmt: skip
+    seen = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if ready in line:
+                break
+        assert any(ready in line for line in seen), seen
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (sig, seen, rest)
+    return "".join(seen) + rest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_long_running_commands_stop_on_sigterm_and_sigint(tmp_path: Path, sig: int) -> None:
+    """The relay, a receiver, a session (melchior serve) and the MCP bridge each end
+    cleanly, exit status 0, on either signal."""
+    env = {**relay_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir(mode=0o700)
+    db = f"sqlite://{tmp_path / 'r.db'}"
+    said = _stops([MELLAN, "relay", "--port", "0", "--database", db, "--owner-token-file",
+                   str(tmp_path / "owner.token")], env, "ready", sig)  # fmt: skip
+    assert "stopped" in said
+    relay = start_relay(db, tmp_path)
+    try:
+        _, receiver_token = setup_pair(relay)
+        config = tmp_path / "receiver.toml"
+        config.write_text(
+            f'relay = "{relay.url}"\ntoken_env = "RT"\nstate_dir = "{tmp_path / "state"}"\n'
+            f'[allow]\nadapters = ["command"]\ncwd = ["{tmp_path}"]\n'
+        )
+        said = _stops([MELLAN, "receiver", "run", "--config", str(config)],
+                      {**env, "RT": receiver_token}, "receiver for private/ops", sig)  # fmt: skip
+        assert "stopping: signal" in said
+    finally:
+        relay.stop()
+    melchior = str(Path(sys.executable).parent / "melchior")
+    feed = subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE)
+    try:  # serve reads its harness's pipe; it stays open while the signal comes
+        _stops([melchior, "serve"], env, '"event":"listening"', sig, stdin=feed.stdout)
+    finally:
+        feed.kill()
+        feed.wait()
+    bridge = subprocess.Popen(
+        [melchior, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:  # the MCP handshake first: the signal then reaches a bridge at work
+        assert bridge.stdin is not None
+        assert bridge.stdout is not None
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}}  # fmt: skip
+        bridge.stdin.write(json.dumps(hello) + "\n")
+        bridge.stdin.flush()
+        assert '"result"' in bridge.stdout.readline()
+        bridge.send_signal(sig)
+        _, err = bridge.communicate(timeout=30)
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
+    assert "Traceback" not in err
+    assert bridge.returncode == 128 + sig, bridge.returncode  # stopped by it, as a shell says
