@@ -219,23 +219,27 @@ async def sign_in(relay: Relay, settings: Settings, token: str) -> tuple[Princip
     return principal, await _start(relay, settings, principal, "signed in to the dashboard")
 
 
+async def _keep(
+    relay: Relay, principal: Principal, key: str, idle: float, lifetime: float,
+    action: str, reason: str,
+) -> None:  # fmt: skip
+    """Store a session row under ``key`` for ``principal``, recorded as ``action``."""
+    audit = Record(actor(principal), action, "owner", reason,
+                   {"credential_id": principal.credential_id})  # fmt: skip
+    await relay.call(
+        relay.store.add_session, principal.workspace, principal.credential_id, key,
+        idle_seconds=idle, max_seconds=lifetime, record=audit,
+    )  # fmt: skip
+
+
 async def _start(relay: Relay, settings: Settings, principal: Principal, how: str) -> str:
     """A new session for ``principal`` (an owner), recorded; its id."""
     session_id = secrets.token_urlsafe(32)
-    audit = Record(
-        actor(principal), "session.start", "owner",
+    await _keep(
+        relay, principal, hash_token(session_id), settings.idle, settings.lifetime,
+        "session.start",
         f"{how} (idle timeout {settings.idle:g} s, at most {settings.lifetime:g} s)",
-        {"credential_id": principal.credential_id},
     )  # fmt: skip
-    await relay.call(
-        relay.store.add_session,
-        principal.workspace,
-        principal.credential_id,
-        hash_token(session_id),
-        idle_seconds=settings.idle,
-        max_seconds=settings.lifetime,
-        record=audit,
-    )
     return session_id
 
 
@@ -248,14 +252,9 @@ async def mint_link(relay: Relay, principal: Principal) -> str:
     has checked that it is an owner."""
     assert principal.kind is CredentialKind.OWNER
     code = secrets.token_urlsafe(32)
-    audit = Record(
-        actor(principal), "session.link", "owner",
+    await _keep(
+        relay, principal, _link_key(code), LINK_TTL, LINK_TTL, "session.link",
         f"minted a one-time dashboard sign-in link (valid {LINK_TTL} s)",
-        {"credential_id": principal.credential_id},
-    )  # fmt: skip
-    await relay.call(
-        relay.store.add_session, principal.workspace, principal.credential_id,
-        _link_key(code), idle_seconds=LINK_TTL, max_seconds=LINK_TTL, record=audit,
     )  # fmt: skip
     return code
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.dashboard import render, sessions
 from melchior.mellan.relay.dashboard.forms import Form, read_form
 from melchior.mellan.relay.dashboard.guard import relay_of, settings_of
@@ -46,20 +49,32 @@ async def signin_page(request: Request) -> Response:
     return _form(request)
 
 
-async def signin(request: Request) -> Response:
+async def _signed_in_by(
+    request: Request, start: Callable[[Relay, Form], Awaitable[str]], where: Callable[[Form], str]
+) -> Response:
+    """A sign-in form's POST (origin, its sign-in cookie): ``start`` makes the session, or
+    the sign-in page says why not; the browser goes ``where`` with its session cookie."""
     relay = relay_of(request)
     sessions.check_origin(request, relay)
     form: Form = await read_form(request, relay.body_deadline)
     sessions.check_signin_form(request, relay, form.get(sessions.CSRF_FIELD))
     try:
-        _, session_id = await sessions.sign_in(relay, settings_of(request), form.get("token"))
+        session_id = await start(relay, form)
     except Refused as exc:
         said = {"rule": exc.decision.rule, "reason": exc.decision.reason}
         return _form(request, status=exc.status, error=said)
-    base = render.base_path(request)
-    response = RedirectResponse(sessions.safe_next(form.get("next"), base), status_code=303)
+    response = RedirectResponse(where(form), status_code=303)
     sessions.keep_session(response, request, relay, settings_of(request), session_id)
     return response
+
+
+async def signin(request: Request) -> Response:
+    async def start(relay: Relay, form: Form) -> str:
+        _, session_id = await sessions.sign_in(relay, settings_of(request), form.get("token"))
+        return session_id
+
+    base = render.base_path(request)
+    return await _signed_in_by(request, start, lambda f: sessions.safe_next(f.get("next"), base))
 
 
 async def link_page(request: Request) -> Response:
@@ -76,18 +91,10 @@ async def link_page(request: Request) -> Response:
 
 
 async def link_signin(request: Request) -> Response:
-    relay = relay_of(request)
-    sessions.check_origin(request, relay)
-    form: Form = await read_form(request, relay.body_deadline)
-    sessions.check_signin_form(request, relay, form.get(sessions.CSRF_FIELD))
-    try:
-        session_id = await sessions.redeem_link(relay, settings_of(request), form.get("code"))
-    except Refused as exc:
-        said = {"rule": exc.decision.rule, "reason": exc.decision.reason}
-        return _form(request, status=exc.status, error=said)
-    response = RedirectResponse(f"{render.base_path(request)}/", status_code=303)
-    sessions.keep_session(response, request, relay, settings_of(request), session_id)
-    return response
+    async def start(relay: Relay, form: Form) -> str:
+        return await sessions.redeem_link(relay, settings_of(request), form.get("code"))
+
+    return await _signed_in_by(request, start, lambda _: f"{render.base_path(request)}/")
 
 
 async def signout(request: Request, owner: Owner, form: Form) -> Response:
