@@ -95,9 +95,9 @@ def test_an_old_replica_refuses_a_newer_schema(db_url: str, tmp_path: Path) -> N
     out = mellan(tmp_path, "--database", db_url, "--port", "0")
     assert out.returncode == 1
     assert f"schema is at version {newer}, newer than this mellan knows (version {latest})" in (
-        out.stdout
+        out.stderr
     )
-    assert "Upgrade this replica" in out.stdout
+    assert "Upgrade this replica" in out.stderr
 
 
 # -- backup ---------------------------------------------------------------------------------

@@ -76,14 +76,22 @@ def parser_class() -> type:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
-            found = re.match(r"argument [^:]+: invalid choice: '(.*)' \(choose from (.*)\)$",
+            found = re.match(r"argument ([^:]+): invalid choice: '(.*)' \(choose from (.*)\)$",
                              message)  # fmt: skip
             if found is not None:
-                wrong = found.group(1)
-                known = [c.strip().strip("'") for c in found.group(2).split(",")]
+                name, wrong = found.group(1), found.group(2)
+                known = [c.strip().strip("'") for c in found.group(3).split(",")]
                 close = difflib.get_close_matches(wrong, known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                message = f"unknown command {wrong!r}{hint} (the commands: {', '.join(known)})"
+                commands = {
+                    argparse._get_action_name(a)
+                    for a in self._actions
+                    if isinstance(a, argparse._SubParsersAction)
+                }
+                if name in commands:
+                    message = f"unknown command {wrong!r}{hint} (the commands: {', '.join(known)})"
+                else:
+                    message += hint
             super().error(message)
 
     return Parser

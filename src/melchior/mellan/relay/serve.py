@@ -344,7 +344,10 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
         sock.close()
         say(f"cannot open the database: {exc}", "error")
         if is_postgres(options.database):
-            say("  check the URL, that PostgreSQL is running, and that the role may connect")
+            say(
+                "  check the URL, that PostgreSQL is running, and that the role may connect",
+                "error",
+            )
         return 1
     try:
         if before == after or before is None:  # an operator upgrading wants to see it said
