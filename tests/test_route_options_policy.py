@@ -73,6 +73,10 @@ CASES: list[tuple[ro.RouteOption | None, ro.Wanted, str | None]] = [
     (ro.adds(ro.TOOL_NAME), wanted("disallowed_tools", ["Write"], local=["Bash"]), ro.RULE),
     (ro.adds(ro.TOOL_NAME), wanted("disallowed_tools", "Bash"), ro.RULE),
     (ro.adds(ro.TOOL_NAME), wanted("disallowed_tools", ["-x"]), ro.RULE),
+    (ro.subset(), wanted("tools", ["read", "bash"]), None),  # none set locally: all are on
+    (ro.subset(), wanted("tools", ["read"], local=["read", "grep"]), None),
+    (ro.subset(), wanted("tools", ["read", "bash"], local=["read", "grep"]), ro.RULE),
+    (ro.subset(), wanted("tools", "read"), ro.RULE),
     (ro.listed(), wanted("settings", "/etc/x.json"), ro.RULE),
     (ro.listed(), wanted("settings", "/etc/x.json", local="/etc/x.json"), None),
     (ro.listed(), wanted("extra_args", ["--verbose"],

@@ -23,6 +23,8 @@ ordered    choose a guard-rail setting no wider than this machine's (or the defa
            and the widest (the bypass values) only with ``allow.bypass``
 adds       add items to a list that only narrows (tools to deny), never drop this
            machine's items
+subset     choose items of a list that widens (tools to enable where none set means all):
+           only items of this machine's list when it sets one, else any
 listed     only repeat this machine's value, or use one ``[allow.options.ADAPTER]`` lists
            exactly (item by item for lists of tools or files, ``KEY=VALUE`` for maps):
            options that carry programs, flags, configuration, instructions to the model,
@@ -58,13 +60,14 @@ FREE = "free"
 LIMIT = "limit"
 ORDERED = "ordered"
 ADDS = "adds"
+SUBSET = "subset"
 LISTED = "listed"
 PROGRAM = "program"
 DIRS = "dirs"
 URL = "url"
 ENV = "env"
 
-KINDS = (FREE, LIMIT, ORDERED, ADDS, LISTED, PROGRAM, DIRS, URL, ENV)
+KINDS = (FREE, LIMIT, ORDERED, ADDS, SUBSET, LISTED, PROGRAM, DIRS, URL, ENV)
 LISTABLE = (ORDERED, LISTED)
 """The kinds whose values ``[allow.options.ADAPTER]`` may list."""
 
@@ -118,6 +121,10 @@ def ordered(
 
 def adds(pattern: str | None = None) -> RouteOption:
     return RouteOption(ADDS, pattern=re.compile(pattern) if pattern else None)
+
+
+def subset(pattern: str | None = None) -> RouteOption:
+    return RouteOption(SUBSET, pattern=re.compile(pattern) if pattern else None)
 
 
 def listed(*, items: bool = False) -> RouteOption:
@@ -223,6 +230,8 @@ def judge(option: RouteOption | None, w: Wanted) -> Decision | None:
         return _ordered(option, w, local_set)
     if kind == ADDS:
         return _adds(option, w, local_set)
+    if kind == SUBSET:
+        return _subset(option, w, local_set)
     if kind == LISTED:
         return _listed(option, w, local_set)
     if kind == ENV:
@@ -309,6 +318,22 @@ def _adds(option: RouteOption, w: Wanted, local_set: bool) -> Decision | None:
                 f"it drops {_shown(dropped)}, which this machine's configuration sets; a "
                 "route may add to this list, not take from it",
             )
+    return None
+
+
+def _subset(option: RouteOption, w: Wanted, local_set: bool) -> Decision | None:
+    if not isinstance(w.value, list | tuple):
+        return _no(w, "it must be a list")
+    wrong = _pattern(option, w)
+    if wrong is not None or not local_set or not isinstance(w.local, list | tuple):
+        return wrong
+    extra = [v for v in w.value if v not in w.local]
+    if extra:
+        return _no(
+            w,
+            f"it adds {_shown(extra)} to what this machine's configuration allows; a route "
+            "may choose among those, not add to them",
+        )
     return None
 
 

@@ -245,6 +245,7 @@ def _not_listable(option: ro.RouteOption) -> str:
         ro.FREE: "a route may set it freely (within the adapter's checks); nothing to list",
         ro.LIMIT: "a route may only lower it; set this machine's bound in [adapters.NAME]",
         ro.ADDS: "a route may only add to it; set this machine's list in [adapters.NAME]",
+        ro.SUBSET: "a route may only choose among this machine's list; set it in [adapters.NAME]",
         ro.PROGRAM: "programs are listed in allow.programs",
         ro.DIRS: "directories are listed in allow.cwd",
         ro.URL: "URLs are listed in allow.urls",
