@@ -8,6 +8,7 @@ harmless only when it was read completely.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import shlex
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior.integrations.taint import resolve
+from melchior.integrations.taint import TaintWindow, resolve, which
 from melchior.policy import harmless, shell
 from melchior.policy.decision import Decision
 from melchior.policy.harmless import Facts
@@ -118,6 +119,8 @@ def test_what_is_known_harmless(command: str, rule: str) -> None:
         ("rg --pre=./x pattern", "--pre writes or runs"),
         ("uniq in out", "may write it"),
         ("date -s 2020-01-01", "-s writes or runs"),
+        ("printf -v PATH %s /tmp; ls", "-v writes or runs"),
+        ("rg -z secret", "-z writes or runs"),
         ("echo x > /etc/hosts", "outside the project"),
         ("echo x >> ~/.bashrc", "outside the project"),
         ("echo x > ~other/.bashrc", "in a home directory not known here"),
@@ -219,6 +222,8 @@ def test_a_program_the_agent_could_have_written_is_not_the_systems() -> None:
     assert not d.allowed
     assert "inside the project, where this agent can write" in d.reason
     assert _bash("git status", programs=venv).allowed
+    # A relative PATH entry names wherever the line runs: the project, after a cd.
+    assert which("ls", f".{os.pathsep}/usr/bin", f"{PROJECT}/src") == f"{PROJECT}/src/ls"
     # pytest runs the project's code by design, wherever it is installed.
     assert _bash("pytest -q", programs={"pytest": f"{PROJECT}/.venv/bin/pytest"}).allowed
 
@@ -418,3 +423,63 @@ def test_the_docs_show_the_reason_the_model_reads() -> None:
     judged = _bash("git -c alias.p=push p")
     d = window(judged, source="demo/main/beta-nu", asked=0, limit=10, edited=False)
     assert d.reason == shown
+
+
+def test_a_call_put_to_the_operator_counts_as_an_edit_for_the_tests_that_follow() -> None:
+    w = TaintWindow(5)
+    w.open("demo/main/beta-nu")
+
+    def decision(command: str, deny_mode: bool = False) -> str | None:
+        call = ToolCall("Bash", {"command": command})
+        where = {"project": PROJECT, "cwd": PROJECT, "home": HOME, "path": "/usr/bin"}
+        return w.judge(call, **where, server="melchior", deny_mode=deny_mode).decision  # type: ignore[arg-type]
+
+    assert decision("pytest -q") is None
+    assert decision("sed -i s/a/b/ conftest.py", deny_mode=True) == "deny"  # it did not run
+    assert decision("pytest -q") is None
+    assert decision("sed -i s/a/b/ conftest.py") == "ask"  # the operator may let it run
+    assert decision("pytest -q") == "ask"
+
+
+RISKY_NAMES = ["rm", "curl", "sh", "bash", "python3", "eval", "env", "busybox", "tee", "xargs"]
+HARMLESS_NAMES = ["ls", "cat", "grep", "head", "wc", "sort", "git", "rg", "find", "pytest"]
+PIECES = [
+    *RISKY_NAMES, *HARMLESS_NAMES, "echo", "cd", "x", "-c", "-la", "status", "push",
+    " ", " ", " ", "\n", "\t", ";", "&&", "||", "|", "&", "#", "\\", "\\\n", "'", '"', "`",
+    "$(", ")", "(", "{", "}", "$", "$x", "${x}", "=", "x=", "<", ">", ">>", "2>&1", "<<<",
+    "<<EOF\n", "<<-EOF\n", "<<'EOF'\n", "\nEOF\n", "EOF", "\tEOF\n", "$'\\n'", "*", "~",
+]  # fmt: skip
+"""Fragments of bash whose combinations probe where a parser and bash could disagree."""
+
+
+@pytest.fixture(scope="module")
+def stub_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PATH of stand-ins that write their own name to $LOG: what bash really ran."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for name in RISKY_NAMES + HARMLESS_NAMES:
+        stub = bin_dir / name
+        stub.write_text('#!/bin/sh\necho "$0" >> "$LOG"\n')
+        stub.chmod(0o755)
+    return bin_dir
+
+
+@given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=14))
+def test_what_bash_runs_for_a_line_judged_harmless_is_only_what_the_list_allows(
+    stub_path: Path, tmp_path_factory: pytest.TempPathFactory, pieces: list[str]
+) -> None:
+    import subprocess
+
+    line = "".join(pieces)
+    project = tmp_path_factory.mktemp("proj")
+    call = ToolCall("Bash", {"command": line})
+    base = Facts(str(project), str(project), str(project))
+    if not judge(call, Rules(), resolve(call, Rules(), base, str(stub_path))).allowed:
+        return
+    log = project / ".ran"
+    subprocess.run(
+        ["/bin/bash", "--norc", "--noprofile", "-c", line],
+        cwd=project, env={"PATH": str(stub_path), "LOG": str(log), "HOME": str(project)},
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    ran = {Path(p).name for p in log.read_text().split()} if log.exists() else set()
+    assert ran <= set(HARMLESS_NAMES), (line, ran)

@@ -116,6 +116,8 @@ class TaintWindow:
             if judged.rule == harmless.PROJECT_WRITE:
                 self.edited = True
             return Verdict(None, decided.reason, judged)
+        if not deny_mode and decided.rule != "taint-limit":
+            self.edited = True  # the operator may let it run, and it may change the project
         if deny_mode:
             reason = (
                 f"{decided.reason}. This agent cannot ask the operator mid-call, so the call "
@@ -165,11 +167,14 @@ def _realpath(path: str) -> str | None:
 
 
 def which(name: str, path: str, cwd: str) -> str | None:
-    """The file the agent's shell would run for ``name`` (resolved), as its ``PATH`` says;
-    relative entries are read against the call's directory, as a shell reads them."""
+    """The file the agent's shell would run for ``name`` (resolved), as its ``PATH`` says.
+
+    A relative entry (``.``, or an empty one) names wherever the command runs, which a
+    ``cd`` in the line can change: the program is then taken to be there, found or not."""
     for entry in path.split(os.pathsep):
-        directory = posixpath.join(cwd, entry or ".")
-        candidate = posixpath.join(directory, name)
+        if not entry.startswith("/"):
+            return posixpath.normpath(posixpath.join(cwd, entry or ".", name))
+        candidate = posixpath.join(entry, name)
         try:
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return os.path.realpath(candidate)

@@ -67,8 +67,8 @@ MAX_ARGV = 64
 """Longest argv list (Codex's ``["bash", "-lc", …]`` form) read."""
 MAX_PATH = 4096
 
-BUILTINS = frozenset({"echo", "printf", "pwd", "true", "false", "test", "[", ":"})
-"""Shell builtins that only print or test (``cd`` is read separately)."""
+BUILTINS = frozenset({"echo", "pwd", "true", "false", "test", "[", ":"})
+"""Shell builtins that only print or test (``cd`` and ``printf`` are read separately)."""
 
 
 class Program(NamedTuple):
@@ -96,7 +96,8 @@ READ_PROGRAMS: Mapping[str, Program] = {
     "date": Program(("-s", "--set")),
     "sort": Program(("-o", "--output", "--compress-program")),
     "tree": Program(("-o",)),
-    "rg": Program(("--pre",)),
+    "rg": Program(("--pre", "--hostname-bin", "-z", "--search-zip")),
+    "printf": Program(("-v",)),
     "fd": Program(("-x", "--exec", "-X", "--exec-batch")),
     "find": Program(("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0",
                      "-fprintf", "-fls")),
@@ -442,7 +443,7 @@ def _command(
             f"{first} is not one of the read-only programs (ls, cat, grep, rg, git status|"
             "log|diff|show, pytest inside the project, …; the operator can add more)",
         )
-    found = _program(first, shown, facts)
+    found = None if first == "printf" else _program(first, shown, facts)  # a builtin
     if found is not None:
         return found
     if program is None:
