@@ -289,6 +289,25 @@ def test_the_shell_reader_reads_what_bash_would_run() -> None:
     assert "parts to read" in (shell.read("ls;" * 15_000).unread or "")
 
 
+def test_a_line_that_crashes_the_grammar_is_never_parsed() -> None:
+    """'{' then a character beyond U+FFFF made tree-sitter-bash 0.25.1 segfault: in a child
+    process, so that a crash fails this test rather than ending the run."""
+    import subprocess
+    import sys
+
+    code = (
+        "from melchior.policy import shell\n"
+        "for c in ('\\U00031860', '\\U000e4b74', '\\U0001f600'):\n"
+        "    for s in ('{' + c, 'ls {' + c, 'echo \"{' + c + '\"'):\n"
+        "        assert shell.read(s).unread, s\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    assert _bash("echo café").allowed
+
+
 WRAPPERS: list[Callable[[str], str]] = [
     lambda c: f"bash -c {shlex.quote(c)}",
     lambda c: f"sh -c -- {shlex.quote(c)}",

@@ -12,7 +12,9 @@ Only a small part of the language is read: commands, pipelines, lists (``;``, ``
 here-strings, quoting, ``$x``/``${x}`` and substitutions. Anything else (loops, ``if``,
 ``case``, functions, arithmetic, ``[[ ]]``, declarations, a syntax error, a control
 character, a line too long or nested too deep) leaves the line *unread*, with the
-reason: the caller treats an unread line as unknown, never as harmless. Where the
+reason: the caller treats an unread line as unknown, never as harmless. A character
+beyond U+FFFF is never handed to the grammar at all: tree-sitter-bash 0.25 has been seen
+to crash its process on one after a ``{`` (a crash would take the bridge down with it). Where the
 grammar and bash could disagree about where a here-document ends, the line is unread too.
 """
 
@@ -80,6 +82,7 @@ _OPERATORS = frozenset(
 _REDIRECTS = frozenset({"file_redirect", "herestring_redirect", "heredoc_redirect"})
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _BRACES = re.compile(r"\{[^{}]*(,|\.\.)[^{}]*\}")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 
 class _Unread(Exception):
@@ -103,6 +106,9 @@ def read(text: str) -> Script:
     bad = _CONTROL.search(text)
     if bad is not None:
         return Script(unread=f"the command line holds a control character ({bad.group()!r})")
+    if _ASTRAL.search(text) is not None:
+        # tree-sitter-bash 0.25 can crash the process on one (after a '{'): never parse it
+        return Script(unread="the command line holds a character beyond U+FFFF")
     try:
         source = text.encode("utf-8")
     except UnicodeEncodeError:
