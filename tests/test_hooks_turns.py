@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from mcp_kit import base_env, hook, start
+from mcp_kit import Hook, base_env, hook, start
 from melchior.session.client import call_once
 from melchior.wire.envelope import Refused
+from taint_kit import LINK, probe
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ def test_the_per_turn_quota_counts_sends_between_hook_events(env: dict[str, str]
     asyncio.run(scenario())
 
 
-def test_the_taint_window_asks_the_operator_before_risky_calls(
+def test_the_taint_window_asks_the_operator_before_calls_not_known_harmless(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     _config(env, '[melchior.mcp]\ntaint_calls = 2\nrisky_patterns = ["Bash(terraform *)"]\n')
@@ -176,18 +177,28 @@ def test_the_taint_window_asks_the_operator_before_risky_calls(
             asked = await asyncio.to_thread(pre, "cd src && git push --force origin main")
             assert asked is not None
             assert asked[0] == "ask"
-            assert "pushes" in asked[1]
+            assert "git push is not one of git's read-only subcommands" in asked[1]
             assert f"demo/main/{peer.id}" in asked[1]
             asked = await asyncio.to_thread(pre, "terraform apply -auto-approve")
             assert asked is not None
             assert asked[0] == "ask"
             assert "Bash(terraform *)" in asked[1]
-            # Two risky calls were put to the operator; the window is spent.
-            assert await asyncio.to_thread(pre, "rm -rf build") is None
+            # Two calls were put to the operator, the most this window asks: the next is
+            # denied and the turn stopped, saying why (asking did not use the window up).
+            h = await asyncio.to_thread(
+                hook, agent, "PreToolUse", {"tool_name": "Bash", "tool_input": {"command": "ls"}}
+            )
+            assert h.output is None
+            stopped = await asyncio.to_thread(pre, "rm -rf build")
+            assert stopped is not None
+            assert stopped[0] == "deny"
+            assert "the turn stops here" in stopped[1]
             status = await me.one("status")
-            assert status["taint"] == {"remaining": 0, "asked": 2}
+            assert status["taint"] == {"open": True, "asked": 2, "limit": 2}
 
-            # New peer text opens it again; a write outside the project is risky too.
+            # The operator's prompt closes it; new peer text opens a new one.
+            await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "go on"})
+            assert await asyncio.to_thread(pre, "rm -rf build") is None
             await peer.one("tell", who=me.id, message="also edit ~/.bashrc")
             await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
             h = await asyncio.to_thread(
@@ -309,3 +320,191 @@ def test_a_hook_without_a_bridge_or_with_bad_input_stays_out_of_the_way(
     assert bad.returncode == 0
     assert bad.stdout == b""
     assert b"unreadable input" in bad.stderr
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    """A project (a git top) with a symlink ``x`` to a directory outside it."""
+    project, outside = tmp_path / "proj", tmp_path / "outside"
+    (project / ".git").mkdir(parents=True)
+    (project / "src").mkdir()
+    outside.mkdir()
+    (project / LINK).symlink_to(outside)
+    return project, outside
+
+
+def test_after_peer_text_every_risky_call_of_the_probe_is_put_to_the_operator(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    _config(env, "[melchior.mcp]\ntaint_calls = 100\n")
+    project, _ = _project(tmp_path)
+    agent = {**env, "CLAUDE_CODE_SESSION_ID": "3f1c-p", "CLAUDE_PROJECT_DIR": str(project)}
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            peer = await start(stack, env)
+            me = await start(stack, agent)
+            await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "work"})
+            await peer.one("tell", who=me.id, message="push it, and rm -rf the cache")
+            await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
+            unanswered = []
+            for tool, tool_input in probe(str(project)):
+                h = await asyncio.to_thread(
+                    hook,
+                    agent,
+                    "PreToolUse",
+                    {"tool_name": tool, "tool_input": tool_input, "cwd": str(project)},
+                )
+                if h.output is None or h.decision[0] != "ask" or peer.id not in h.decision[1]:
+                    unanswered.append((tool, tool_input, h.output))
+            assert unanswered == []
+            assert (await me.one("status"))["taint"] == {"open": True, "asked": 41, "limit": 100}
+
+    asyncio.run(scenario())
+
+
+def test_a_turn_of_read_only_calls_after_peer_text_asks_nothing(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    project, _ = _project(tmp_path)
+    agent = {**env, "CLAUDE_CODE_SESSION_ID": "3f1c-r", "CLAUDE_PROJECT_DIR": str(project)}
+    calls: list[tuple[str, dict[str, object]]] = [
+        ("Read", {"file_path": str(project / "README.md")}),
+        ("Grep", {"pattern": "TODO", "path": str(project)}),
+        ("Glob", {"pattern": "**/*.py"}),
+        ("mcp__melchior__status", {}),
+        ("Bash", {"command": "ls -la && cat README.md | grep -n x | head -5"}),
+        ("Bash", {"command": "git status && git log --oneline -5 && git diff HEAD~1 -- src"}),
+        ("Bash", {"command": "cd src && rg -n 'def ' . | wc -l"}),
+        ("Bash", {"command": "pytest -q tests/test_x.py -k parser"}),
+        ("Write", {"file_path": str(project / "src" / "a.py"), "content": "x = 1\n"}),
+        ("Bash", {"command": "echo done > notes.txt 2>/dev/null"}),
+    ]
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            peer = await start(stack, env)
+            me = await start(stack, agent)
+            await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "work"})
+            await peer.one("tell", who=me.id, message="the parser test fails, have a look")
+            await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
+            for tool, tool_input in calls:
+                h = await asyncio.to_thread(
+                    hook,
+                    agent,
+                    "PreToolUse",
+                    {"tool_name": tool, "tool_input": tool_input, "cwd": str(project)},
+                )
+                assert h.output is None, (tool, tool_input, h.output)
+            # The project was edited since the peer's words: its tests now run that code.
+            h = await asyncio.to_thread(
+                hook,
+                agent,
+                "PreToolUse",
+                {"tool_name": "Bash", "tool_input": {"command": "pytest -q"}, "cwd": str(project)},
+            )
+            assert h.decision[0] == "ask"
+            assert "edited since the message arrived" in h.decision[1]
+            assert (await me.one("status"))["taint"]["open"] is True
+
+    asyncio.run(scenario())
+
+
+def test_the_window_is_not_used_up_by_asking_and_stops_a_flood_with_a_reason(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    _config(env, "[melchior.mcp]\ntaint_calls = 4\n")
+    project, _ = _project(tmp_path)
+    agent = {**env, "CLAUDE_CODE_SESSION_ID": "3f1c-w", "CLAUDE_PROJECT_DIR": str(project)}
+
+    def pre(command: str) -> Hook:
+        return hook(
+            agent,
+            "PreToolUse",
+            {"tool_name": "Bash", "tool_input": {"command": command}, "cwd": str(project)},
+        )
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            peer = await start(stack, env)
+            me = await start(stack, agent)
+            await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "work"})
+            await peer.one("tell", who=me.id, message="clean up and push")
+            await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
+            # Decoys asked (and, in -p mode, refused at no cost) do not spend the window.
+            for decoy in ("rm -rf a", "rm -rf b", "rm -rf c"):
+                assert (await asyncio.to_thread(pre, decoy)).decision[0] == "ask"
+            assert (await asyncio.to_thread(pre, "git push origin main")).decision[0] == "ask"
+            # Past the limit every call is still answered: denied, and the turn stopped.
+            for risky in ("git push --force", "curl https://evil.example"):
+                h = await asyncio.to_thread(pre, risky)
+                assert h.decision[0] == "deny"
+                assert h.output is not None
+                assert h.output["continue"] is False
+                assert "the turn stops here" in h.output["stopReason"]
+            assert (await asyncio.to_thread(pre, "ls")).output is None
+            # The operator's next prompt is their answer: the window closes, and the next
+            # peer text opens a new one.
+            await asyncio.to_thread(hook, agent, "UserPromptSubmit", {"prompt": "go on"})
+            assert (await asyncio.to_thread(pre, "rm -rf a")).output is None
+            await peer.one("tell", who=me.id, message="and once more")
+            await asyncio.to_thread(hook, agent, "PostToolUse", {"tool_name": "Read"})
+            assert (await asyncio.to_thread(pre, "rm -rf a")).decision[0] == "ask"
+            # The end of the turn closes it too.
+            await asyncio.to_thread(hook, agent, "Stop", {})
+            assert (await asyncio.to_thread(pre, "rm -rf a")).output is None
+
+    asyncio.run(scenario())
+
+
+def test_codex_shapes_are_read_as_codex_sends_them(env: dict[str, str], tmp_path: Path) -> None:
+    project, outside = _project(tmp_path)
+    thread = "01a23430-558e-7bc0-84bc-092f2e0170ed"
+    patch = f"*** Begin Patch\n*** Add File: {outside}/evil.txt\n+hi\n*** End Patch\n"
+    # (tool_name, tool_input, hook cwd): Codex reports exec_command as Bash with
+    # "command", and puts the call's workdir in the hook's cwd.
+    risky: list[tuple[str, dict[str, object], Path]] = [
+        ("Bash", {"command": "git push origin main"}, project),
+        ("Bash", {"command": "echo x >> .bashrc"}, outside),
+        ("exec_command", {"cmd": "rm -rf build"}, project),
+        ("exec_command", {"cmd": "echo x > y", "workdir": str(outside)}, project),
+        ("shell", {"command": ["bash", "-lc", "curl https://evil.example"]}, project),
+        ("shell", {"command": ["rm", "-rf", "build"]}, project),
+        ("apply_patch", {"command": patch}, project),
+        ("Bash", {"command": "git log"}, project),  # a pager on a terminal, driven unseen
+    ]
+    harmless: list[tuple[str, dict[str, object], Path]] = [
+        ("Bash", {"command": "git --no-pager log --oneline -3 && ls"}, project),
+        ("exec_command", {"cmd": "cat README.md", "workdir": "src"}, project),
+        ("apply_patch", {"command": "*** Begin Patch\n*** Add File: src/b.py\n+x\n*** End Patch"},
+         project),
+        ("view_image", {"path": str(outside / "a.png")}, project),
+    ]  # fmt: skip
+
+    def pre(tool: str, tool_input: dict[str, object], cwd: Path) -> Hook:
+        data = {"session_id": thread, "tool_name": tool, "tool_input": tool_input, "cwd": str(cwd)}
+        return hook(env, "PreToolUse", data, agent="codex")
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            peer = await start(stack, env)
+            me = await start(stack, env)
+            await asyncio.to_thread(
+                hook,
+                env,
+                "UserPromptSubmit",
+                {"session_id": thread, "cwd": str(project)},
+                agent="codex",
+            )
+            await peer.one("tell", who=me.id, message="ship it")
+            await asyncio.to_thread(
+                hook, env, "PostToolUse", {"session_id": thread, "tool_name": "Bash"}, agent="codex"
+            )
+            for call in risky:
+                h = await asyncio.to_thread(pre, *call)
+                assert h.output is not None, call
+                assert h.decision[0] == "deny", call
+                assert "operator's next prompt decides" in h.decision[1]
+            for call in harmless:
+                assert (await asyncio.to_thread(pre, *call)).output is None, call
+
+    asyncio.run(scenario())

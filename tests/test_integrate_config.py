@@ -177,5 +177,6 @@ def test_the_docs_show_what_integrate_writes() -> None:
     settings = parse(
         next(b for lang, b in blocks if lang == "toml" and "[melchior.mcp]" in b), "demo"
     )
-    assert settings.taint_calls == 10
+    assert settings.taint_calls == 20
     assert "Bash(terraform apply*)" in settings.rules.patterns
+    assert "Bash(make lint)" in settings.rules.harmless

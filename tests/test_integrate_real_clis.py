@@ -6,8 +6,10 @@ not installed on CI). With them, each test writes the configuration into a priva
 home with ``melchior integrate``, then runs one real turn against a loopback stand-in
 for the model API that plays the model's part: the agent must offer the model the
 bridge's tools, the model's call must reach the bridge (whose status shows the turn
-the agent's hook opened), and a message another session sends mid-turn must reach the
-model through the agent's own PostToolUse hook, fenced as peer data.
+the agent's hook opened), a message another session sends mid-turn must reach the
+model through the agent's own PostToolUse hook, fenced as peer data, and from then on
+the agent's PreToolUse hook must refuse a call not known to be harmless, with the
+reason, and let a harmless one run.
 """
 
 from __future__ import annotations
@@ -191,6 +193,15 @@ def _text_of(content: Any) -> str:
     return "".join(c.get("text", "") for c in content if isinstance(c, dict))
 
 
+def _result(body: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
+    """The tool result for ``tool_use_id`` in an Anthropic request's messages."""
+    for message in body["messages"]:
+        for part in message["content"] if isinstance(message["content"], list) else []:
+            if isinstance(part, dict) and part.get("tool_use_id") == tool_use_id:
+                return part
+    raise AssertionError(f"no result for {tool_use_id} in {json.dumps(body)[-2000:]}")
+
+
 def _status_from(text: str) -> dict[str, Any]:
     start = text.index('{"ok"')
     first: dict[str, Any] = json.loads(text[start : text.rindex("}") + 1])["result"][0]
@@ -203,6 +214,7 @@ def world(tmp_path: Path, runtime_dir: Path) -> dict[str, Any]:
     home.mkdir()
     proj.mkdir()
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / "src").mkdir()
     env = {
         "HOME": str(home),
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
@@ -231,6 +243,9 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
     assert CLAUDE is not None
     env = world["env"]
     _integrate("claude-code", world)
+    config = Path(env["XDG_CONFIG_HOME"]) / "melchior" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[melchior.mcp]\ntaint_calls = 1\n")
     listed = subprocess.run(
         [CLAUDE, "mcp", "list"],
         env=env,
@@ -243,18 +258,33 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
     assert "melchior:" in listed.stdout, listed.stdout
     assert "Connected" in listed.stdout, listed.stdout
     told: dict[str, Any] = {}
+    state = {"waits": 0}
 
-    def script(body: dict[str, Any], n: int) -> Step:
+    def script(body: dict[str, Any], at: int) -> Step:
+        waiting = at == state["waits"] + 1 and "mcp__melchior__" not in json.dumps(body)
+        if waiting and state["waits"] < 20:  # a loaded machine: the bridge may connect late
+            state["waits"] += 1
+            return {"tool": "Bash", "input": {"command": "echo wait"}, "id": f"w{at}"}
+        n = at - state["waits"]
         if n == 1:
             return {"tool": "mcp__melchior__status", "input": {}, "id": "toolu_1"}
         if n == 2:
-            status = _status_from(_text_of(body["messages"][-1]["content"][0]["content"]))
+            status = _status_from(_text_of(_result(body, "toolu_1")["content"]))
             told.update(status=status, reply=tell(env, status["id"], status["project"]))
             return {
                 "tool": "Bash",
                 "input": {"command": "echo hi", "description": "hi"},
                 "id": "toolu_2",
             }
+        # The peer's words are in the context now: a call not known harmless is asked
+        # (and in -p mode refused); a harmless one runs; past the window's limit of
+        # one ask, the next is denied and the turn stopped.
+        if n == 3:
+            return {"tool": "Bash", "input": {"command": "git push origin main"}, "id": "toolu_3"}
+        if n == 4:
+            return {"tool": "Bash", "input": {"command": "echo after"}, "id": "toolu_4"}
+        if n == 5:
+            return {"tool": "Bash", "input": {"command": "rm -rf build"}, "id": "toolu_5"}
         return {"text": "done"}
 
     with serving(script) as model:
@@ -266,17 +296,27 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
             cwd=world["proj"], capture_output=True, text=True, timeout=180, check=False,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
-        first = json.dumps(model.requests[0])
+        requests = model.requests[state["waits"] :]
+        first = json.dumps(requests[0])
         for name in TOOLS:  # offered to the model (Claude Code defers MCP tools by name)
             assert f"mcp__melchior__{name}" in first, name
         status = told["status"]
         assert status["bridge"] == "mcp"
         assert status["turn"]["open"] is True
         assert told["reply"]["result"][0]["receipt"] == "queued"
-        after_tool = json.dumps(model.requests[2])
+        after_tool = json.dumps(requests[2])
         assert "PostToolUse:Bash hook additional context" in after_tool
         assert PEER_TEXT in after_tool
         assert "<<peer-message " in after_tool
+        refused = _result(requests[3], "toolu_3")
+        assert refused["is_error"] is True
+        assert "git push is not one of git's read-only subcommands" in _text_of(refused["content"])
+        assert _text_of(_result(requests[4], "toolu_4")["content"]).strip() == "after"
+        assert len(requests) == 5, "the turn did not stop past the window's limit"
+        events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+        denied = [d["tool_input"] for e in events for d in e.get("permission_denials", [])]
+        assert {"command": "git push origin main"} in denied
+        assert {"command": "rm -rf build"} in denied
 
 
 @needs_codex
@@ -302,6 +342,16 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
             told["reply"] = tell(env, told["status"]["id"], told["status"]["project"])
             return {"tool": "exec_command", "input": {"cmd": "echo hi"}, "id": "e1"}
         told.setdefault("after", json.dumps(body["input"][-3:]))
+        # The peer's words are in the context: a call not known harmless is denied (Codex
+        # cannot ask), with the reason; a harmless one, in another workdir, runs.
+        if "push" not in told:
+            told["push"] = True
+            return {"tool": "exec_command", "input": {"cmd": "git push origin main"}, "id": "e2"}
+        if "refused" not in told:
+            told["refused"] = last["output"]
+            return {"tool": "exec_command", "input": {"cmd": "echo after", "workdir": "src"},
+                    "id": "e3"}  # fmt: skip
+        told.setdefault("ran", last["output"])
         return {"text": "done"}
 
     with serving(script) as model:
@@ -324,3 +374,8 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
         assert told["reply"]["result"][0]["receipt"] == "queued"
         assert PEER_TEXT in told["after"]
         assert '"role": "developer"' in told["after"]
+        assert "Command blocked by PreToolUse hook" in told["refused"], told["refused"]
+        assert "git push is not one of git's read-only subcommands" in told["refused"]
+        assert "operator's next prompt decides" in told["refused"]
+        assert "after" in told["ran"]
+        assert "blocked" not in told["ran"]

@@ -5,9 +5,9 @@
 
 Run by the agent's hook system with the hook's JSON on stdin. Finds the 'melchior mcp'
 bridge this agent started and prints what the agent should read: waiting messages
-(fenced as peer data) as additional context, a PreToolUse ask/deny for a risky call
-after peer text or a send over the turn's quota, or a Stop answer that keeps the turn
-going for a waiting message. Prints nothing and exits 0 when there is nothing to say
+(fenced as peer data) as additional context, a PreToolUse ask/deny for a call not known
+to be harmless after peer text or a send over the turn's quota, or a Stop answer that
+keeps the turn going for a waiting message. Prints nothing and exits 0 when there is nothing to say
 or no bridge: a hook must never stop the agent's own work. See docs/integrations.md."""
 
 from __future__ import annotations

@@ -36,14 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--taint-calls",
         type=_count,
         metavar="K",
-        help="risky tool calls put to the operator after peer text (default 3)",
+        help="calls one taint window asks about before it stops the turn (default 10; 0: off)",
     )
     parser.add_argument(
         "--risky",
         action="append",
         default=[],
         metavar="PATTERN",
-        help="one more risky-call pattern, Tool or Tool(glob), e.g. 'Bash(terraform *)'",
+        help="a call always asked about after peer text, Tool or Tool(glob), e.g. "
+        "'Bash(terraform *)'",
+    )
+    parser.add_argument(
+        "--harmless",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a call that may run unasked after peer text, e.g. 'Bash(make test)'",
     )
     parser.add_argument(
         "--channel",
@@ -87,6 +95,7 @@ def run(ns: argparse.Namespace) -> int:
             sends_per_turn=ns.sends_per_turn,
             taint_calls=ns.taint_calls,
             patterns=ns.risky,
+            harmless=ns.harmless,
             channel=ns.channel,
         )
         cred = None if ns.no_relay else find_credential(ns.as_agent, ns.relay)

@@ -120,6 +120,17 @@ def project_top(directory: str) -> str:
     return str(start)
 
 
+def call_dir(info: Mapping[str, Any], call: ToolCall, project: str) -> str:
+    """The directory a tool call runs in: its own ``workdir`` (Codex's shell calls), read
+    against the hook's ``cwd``, which is the agent's current directory; else the project."""
+    cwd = info.get("cwd")
+    base = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else project
+    workdir = call.input.get("workdir")
+    if isinstance(workdir, str) and workdir:
+        return os.path.join(base, workdir)
+    return base
+
+
 class Bridge:
     """The state of one bridged agent and everything that reads or changes it."""
 
@@ -143,6 +154,9 @@ class Bridge:
             _chain_from(env.get(ENV_CHAIN)), _chain_from(env.get(TURN_CHAIN_ENV))
         )
         self.prompt_source = env.get(TURN_SENDER_ENV) or None
+        self.session_dir: str | None = None
+        """The directory the agent's turn started in (its project, where the agent names
+        none): learnt from the operator's prompt, never from a tool call's own directory."""
         self.notes: list[str] = []
         self.ended_by: str | None = None
 
@@ -274,10 +288,12 @@ class Bridge:
             self.turn.begin()
         if event == "UserPromptSubmit":
             self.turn.begin()
+            cwd = info.get("cwd")
+            if isinstance(cwd, str) and os.path.isabs(cwd):
+                self.session_dir = cwd
+            self.taint.close()  # the operator's prompt is their answer
             if self.prompt_source is not None:
                 self.taint.open(self.prompt_source)
-            else:
-                self.taint.operator_spoke(deny_mode=deny_mode)
             return self._context(event, None)
         if event == "PostToolUse":
             return self._context(event, WAKING_SORTS)
@@ -292,9 +308,11 @@ class Bridge:
                 if text:
                     return stop_output(str(agent), text)
             self.turn.end()
+            self.taint.close()
             return None
         if event == "notify":
             self.turn.end()
+            self.taint.close()
         return None
 
     def _context(self, event: str, sorts: frozenset[str] | None) -> dict[str, Any] | None:
@@ -321,11 +339,23 @@ class Bridge:
         subject = info.get("tool_input")
         call = ToolCall(tool, subject if isinstance(subject, dict) else {})
         home = info.get("home") if isinstance(info.get("home"), str) else None
-        project = project_top(str(info.get("project_dir") or os.getcwd()))
-        verdict = self.taint.judge(call, project=project, home=home, deny_mode=deny_mode)
+        named = info.get("project_dir")
+        project = project_top(named if isinstance(named, str) else self.session_dir or os.getcwd())
+        verdict = self.taint.judge(
+            call,
+            project=project,
+            cwd=call_dir(info, call, project),
+            home=home,
+            path=str(info.get("path") or os.environ.get("PATH", "")),
+            server=str(server),
+            deny_mode=deny_mode,
+        )
         if verdict.decision is None:
             return None
-        return pre_tool_output(verdict.decision, verdict.reason)
+        out = pre_tool_output(verdict.decision, verdict.reason)
+        if verdict.stop:
+            out.update({"continue": False, "stopReason": verdict.reason})
+        return out
 
     def status(self) -> dict[str, Any]:
         return {
@@ -333,7 +363,7 @@ class Bridge:
             "turn": self.turn.as_dict(),
             "inbox": self.inbox.waiting,
             "sends_per_turn": self.settings.sends_per_turn,
-            "taint": {"remaining": self.taint.remaining, "asked": self.taint.asked},
+            "taint": self.taint.status(),
         }
 
 

@@ -44,9 +44,12 @@ HOOK_VERB = "hook"
 MAX_INPUT = 4 * 1024 * 1024
 """Largest hook input read from stdin (a Write of a big file carries its content)."""
 MAX_FIELD = 256 * 1024
-"""Longest string of the tool input passed on to the bridge (the rest is not needed)."""
+"""Longest string of the tool input passed on to the bridge. Longer than any the taint
+window reads, so a string cut here is still seen as too long, never judged cut short."""
+MAX_ITEMS = 128
+"""Most items of a list passed on (Codex's argv lists); likewise more than are read."""
 SUBJECT_KEYS = ("command", "cmd", "file_path", "notebook_path", "path", "url", "query", "patch",
-                "input")  # fmt: skip
+                "input", "workdir")  # fmt: skip
 START_WAIT = 2.0
 """Seconds a turn's first hook waits for a bridge that may still be starting."""
 STARTING = frozenset({"SessionStart", "UserPromptSubmit"})
@@ -97,16 +100,18 @@ def details(
             if isinstance(v, str):
                 subject[k] = v[:MAX_FIELD]
             elif isinstance(v, list) and all(isinstance(x, str) for x in v):
-                subject[k] = [x[:MAX_FIELD] for x in v[:64]]
+                subject[k] = [x[:MAX_FIELD] for x in v[:MAX_ITEMS]]
     out: dict[str, Any] = {"agent": agent, "server": server, "tool_input": subject}
     for k in ("session_id", "tool_name", "cwd", "turn_id", "thread-id"):
         v = data.get(k)
         if isinstance(v, str):
             out[k.replace("-", "_")] = v[:1024]
     out["stop_hook_active"] = data.get("stop_hook_active") is True
-    project_dir = env.get("CLAUDE_PROJECT_DIR") or out.get("cwd") or os.getcwd()
-    out["project_dir"] = project_dir
+    if env.get("CLAUDE_PROJECT_DIR"):
+        out["project_dir"] = env["CLAUDE_PROJECT_DIR"]
+    out.setdefault("cwd", os.getcwd())
     out["home"] = env.get("HOME") or str(Path.home())
+    out["path"] = env.get("PATH", os.defpath)[:MAX_FIELD]
     return out
 
 

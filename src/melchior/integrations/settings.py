@@ -7,9 +7,9 @@ quota or taint patterns by writing a file in its project would not be bounded by
 
     [melchior.mcp]
     sends_per_turn = 3                 # messages a turn may send (0: none)
-    taint_calls = 3                    # risky calls put to the operator after peer text
-    risky = ["write-outside", "push", "delete", "network"]   # built-in classes in force
-    risky_patterns = ["Bash(terraform apply*)", "mcp__github__*"]
+    taint_calls = 10                   # calls one window asks about before it stops the turn
+    harmless_patterns = ["Bash(make test)", "mcp__github__get_*"]   # also run unasked
+    risky_patterns = ["Bash(make deploy*)"]                         # asked even if harmless
 
     [melchior.project.demo.mcp]        # one project; wins over the table above
     taint_calls = 10
@@ -36,7 +36,12 @@ class Settings(NamedTuple):
     channel: bool = False
 
 
-KEYS = ("sends_per_turn", "taint_calls", "risky", "risky_patterns")
+KEYS = ("sends_per_turn", "taint_calls", "risky_patterns", "harmless_patterns")
+REMOVED = {
+    "risky": "'risky' (the classes of call asked about) is gone: after peer text every call "
+    "not known to be harmless is asked about; list what may run unasked in harmless_patterns",
+}
+"""Keys that meant something once: refused with what to write instead."""
 
 
 def _table(data: Mapping[str, Any], project: str, where: str) -> dict[str, Any]:
@@ -53,6 +58,8 @@ def _table(data: Mapping[str, Any], project: str, where: str) -> dict[str, Any]:
     ):
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: '{name}' must be a table")
+        for key in sorted(set(table) & set(REMOVED)):
+            raise ConfigError(f"{where}: [{name}] {REMOVED[key]}")
         unknown = sorted(set(table) - set(KEYS))
         if unknown:
             raise ConfigError(
@@ -71,6 +78,7 @@ def parse(
     sends_per_turn: int | None = None,
     taint_calls: int | None = None,
     patterns: Sequence[str] = (),
+    harmless: Sequence[str] = (),
     channel: bool = False,
 ) -> Settings:
     """Settings from a config file's text, then the command line's flags on top."""
@@ -96,11 +104,11 @@ def parse(
             raise ValueError(
                 f"taint_calls must be a whole number from 0 to {MAX_TAINT_CALLS}, got {calls!r}"
             )
-        classes = table.get("risky", list(taint_policy.CLASSES))
-        extra = table.get("risky_patterns", [])
-        if not isinstance(classes, list) or not isinstance(extra, list):
-            raise ValueError("risky and risky_patterns are lists of strings")
-        rules = taint_policy.rules(classes, [*extra, *patterns])
+        risky = table.get("risky_patterns", [])
+        known = table.get("harmless_patterns", [])
+        if not isinstance(risky, list) or not isinstance(known, list):
+            raise ValueError("risky_patterns and harmless_patterns are lists of strings")
+        rules = taint_policy.rules([*risky, *patterns], [*known, *harmless])
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return Settings(sends, calls, rules, channel)
@@ -113,6 +121,7 @@ def read(
     sends_per_turn: int | None = None,
     taint_calls: int | None = None,
     patterns: Sequence[str] = (),
+    harmless: Sequence[str] = (),
     channel: bool = False,
 ) -> Settings:
     path = config_path(env)
@@ -129,5 +138,6 @@ def read(
         sends_per_turn=sends_per_turn,
         taint_calls=taint_calls,
         patterns=patterns,
+        harmless=harmless,
         channel=channel,
     )
