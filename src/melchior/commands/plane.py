@@ -83,7 +83,14 @@ def run(ns: argparse.Namespace) -> int:
     import asyncio
 
     from melchior.plane.state import StateBusy
+    from melchior.runtimes import RuntimeConfigError, preflight
 
+    for agent in config.agents:  # a coding agent's CLI out of range: say so before any turn
+        try:
+            preflight([agent.runtime], {agent.runtime: agent.options})
+        except RuntimeConfigError as exc:
+            print(f"melchior plane: {agent.id}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
     try:
         if ns.headless:
             return asyncio.run(headless(config, sys.stdin, sys.stdout, serve=ns.serve))

@@ -19,7 +19,7 @@ from melchior.runtimes.base import (
     TurnResult,
     text_artifact,
 )
-from melchior.runtimes.registry import ADAPTERS, AdapterFactory, runtime_for
+from melchior.runtimes.registry import ADAPTERS, AdapterFactory, preflight, runtime_for
 
 __all__ = [
     "ADAPTERS",
@@ -34,6 +34,7 @@ __all__ = [
     "RuntimeConfigError",
     "Turn",
     "TurnResult",
+    "preflight",
     "runtime_for",
     "text_artifact",
 ]
