@@ -23,16 +23,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior.runtimes import Turn, claude_code, codex, preflight, runtime_for, versions
+from melchior.runtimes import Turn, claude_code, codex, pi, preflight, runtime_for, versions
 from melchior.runtimes.versions import Support, Version, VersionRefused
 from runtimes_kit import Sink, run
 
-SUPPORTS = {"claude-code": claude_code.SUPPORT, "codex": codex.SUPPORT}
+SUPPORTS = {"claude-code": claude_code.SUPPORT, "codex": codex.SUPPORT, "pi": pi.SUPPORT}
 PRINTS = {
     "claude-code": "{v} (Claude Code)\n",
     "codex": "WARNING: proceeding, even though we could not create PATH aliases\ncodex-cli {v}\n",
+    "pi": "{v}",  # pi 0.73 prints no newline (and on stderr when stdout is not a terminal)
 }
-BINARY = {"claude-code": "claude", "codex": "codex"}
+BINARY = {"claude-code": "claude", "codex": "codex", "pi": "pi"}
 
 releases = st.tuples(st.integers(0, 400), st.integers(0, 400), st.integers(0, 10_000)).map(
     lambda t: ".".join(map(str, t))
@@ -129,6 +130,9 @@ def test_an_option_whose_flag_is_newer_is_refused_naming_it() -> None:
         "codex option add_dirs needs Codex >= 0.59.0 for --add-dir (found 0.50.0 at /c)"
     )
     assert codex.SUPPORT.refusal(Version("0.59.0"), "/c", ["add_dirs"]) is None
+    assert pi.SUPPORT.refusal(Version("0.60.0"), "/p", ["builtin_tools"]) == (
+        "pi option builtin_tools needs pi >= 0.70.0 for --no-builtin-tools (found 0.60.0 at /p)"
+    )
 
 
 # -- running --version ------------------------------------------------------------------------
@@ -147,6 +151,11 @@ def test_a_reading_is_cached_by_binary_and_read_again_when_it_changes(tmp_path: 
     assert calls(cli) == ["--version", "--version"]
 
 
+def test_a_version_on_stderr_is_read_too(tmp_path: Path) -> None:
+    cli = fake_cli(tmp_path, "pi", "0.73.1", stderr=True)
+    assert versions.installed(str(cli), pi.SUPPORT) == Version("0.73.1")
+
+
 def test_a_failing_or_hanging_version_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,13 +165,13 @@ def test_a_failing_or_hanging_version_is_refused_in_one_line(
     assert str(failed.value) == (
         f"codex: {broken} --version exited with status 3: error: cannot open ~/.codex"
     )
-    hung = tmp_path / "b" / "codex"
+    hung = tmp_path / "b" / "pi"
     hung.parent.mkdir()
     hung.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
     hung.chmod(0o755)
     monkeypatch.setattr(versions, "VERSION_TIMEOUT", 0.5)
-    with pytest.raises(VersionRefused, match=r"^codex: .* --version did not answer within 0.5 s$"):
-        versions.installed(str(hung), codex.SUPPORT)
+    with pytest.raises(VersionRefused, match=r"^pi: .* --version did not answer within 0.5 s$"):
+        versions.installed(str(hung), pi.SUPPORT)
 
 
 # -- at start-up and on a turn ----------------------------------------------------------------
@@ -173,6 +182,7 @@ def test_a_failing_or_hanging_version_is_refused_in_one_line(
     [
         ("claude-code", "2.1.197", "2.1.259"),
         ("codex", "0.42.0", "0.44.0"),
+        ("pi", "0.53.1", "0.55.1"),
     ],
 )
 def test_an_old_release_is_refused_at_start_up_and_on_a_turn_without_running_it(
@@ -200,8 +210,8 @@ def test_preflight_says_which_release_it_found_and_skips_adapters_without_a_cli(
     old = fake_cli(tmp_path / "old", "codex", "codex-cli 0.50.0\n")
     with pytest.raises(VersionRefused, match=r"option add_dirs needs Codex >= 0\.59\.0"):
         preflight(["codex"], {"codex": {"binary": str(old), "add_dirs": ["/tmp"]}})
-    with pytest.raises(Exception, match=r"codex: no-such-codex was not found \(PATH="):
-        preflight(["codex"], {"codex": {"binary": "no-such-codex"}})
+    with pytest.raises(Exception, match=r"pi: no-such-pi was not found \(PATH="):
+        preflight(["pi"], {"pi": {"binary": "no-such-pi"}})
 
 
 def _free_port() -> int:
@@ -237,10 +247,10 @@ def test_the_receiver_refuses_to_start_before_it_claims_anything(tmp_path: Path)
 
 
 def test_the_plane_refuses_to_start_naming_the_agent(tmp_path: Path) -> None:
-    cli = fake_cli(tmp_path / "bin", "codex", "codex-cli 0.42.0\n")
+    cli = fake_cli(tmp_path / "bin", "pi", "0.50.0")
     plane = tmp_path / "PLANE.toml"
     plane.write_text(
-        '[[agents]]\nid = "planner"\nruntime = "codex"\n'
+        '[[agents]]\nid = "planner"\nruntime = "pi"\n'
         f"options = {{ binary = {json.dumps(str(cli))} }}\n"
     )
     done = subprocess.run(
@@ -253,5 +263,5 @@ def test_the_plane_refuses_to_start_naming_the_agent(tmp_path: Path) -> None:
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == (
-        f"melchior plane: planner: codex needs Codex >= 0.44.0 (found 0.42.0 at {cli})"
+        f"melchior plane: planner: pi needs pi >= 0.55.1 (found 0.50.0 at {cli})"
     )

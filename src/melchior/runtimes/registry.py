@@ -35,6 +35,12 @@ def _codex(config: Mapping[str, Any]) -> Runtime:
     return CodexRuntime(config)
 
 
+def _pi(config: Mapping[str, Any]) -> Runtime:
+    from melchior.runtimes.pi import PiRuntime
+
+    return PiRuntime(config)
+
+
 def _a2a(config: Mapping[str, Any]) -> Runtime:
     from melchior.runtimes.a2a import A2ARuntime
 
@@ -52,6 +58,7 @@ ADAPTERS: Mapping[str, AdapterFactory] = MappingProxyType(
         "command": _command,
         "claude-code": _claude_code,
         "codex": _codex,
+        "pi": _pi,
         "a2a": _a2a,
         "provider": _provider,
     }
@@ -74,7 +81,7 @@ def runtime_for(name: str, config: Mapping[str, Any] | None = None) -> Runtime:
     return factory(config or {})
 
 
-CLI_ADAPTERS = frozenset({"claude-code", "codex"})
+CLI_ADAPTERS = frozenset({"claude-code", "codex", "pi"})
 """The adapters that drive a coding agent's CLI, whose release they check at start-up."""
 
 
