@@ -14,6 +14,7 @@ back to pi as a turn of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -26,6 +27,8 @@ import pytest
 from clis_kit import need
 from melchior.tool import VOCABULARY
 from model_kit import Step, serving
+from plane_kit import AGENT, load_plane, log, running, settle
+from plane_kit import turns as plane_turns
 
 TOOLS = sorted([*(v.name for v in VOCABULARY), "inbox"])
 PEER_TEXT = "PEER-HELLO please check INC-42"
@@ -57,6 +60,13 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(c.get("text", "") for c in content if isinstance(c, dict))
+
+
+def _toml(value: Any) -> str:
+    """An inline TOML value (tables, lists, text) for a PLANE.toml written here."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
 
 
 def _status_from(text: str) -> dict[str, Any]:
@@ -200,3 +210,78 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
         assert told["reply"]["result"][0]["receipt"] == "queued"
         assert PEER_TEXT in told["after"]
         assert '"role": "developer"' in told["after"]
+
+
+def _said(message: dict[str, Any]) -> str:
+    """The text of one Chat Completions message (a string, or a list of parts)."""
+    return _text_of(message.get("content") or "")
+
+
+@pytest.mark.parametrize("role", ["oldest", "newest"])
+def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
+    world: dict[str, Any], role: str
+) -> None:
+    pi_cli = need("pi", role)
+    agent_dir = world["home"] / ".pi" / "agent"
+    env = {**world["env"], "PI_CODING_AGENT_DIR": str(agent_dir), "MOCK_KEY": "not-a-key"}
+    _integrate("pi", {**world, "env": env})
+    told: dict[str, Any] = {}
+    note = "answer: we spent 42 in August"
+
+    def script(body: dict[str, Any], n: int) -> Step:
+        last = body["messages"][-1]
+        if last["role"] == "tool":  # send_to's receipt, in the same turn
+            told["receipt"] = _said(last)
+            return {"text": "asked ledger; its answer comes as a turn of its own"}
+        if "An answer from ledger" in _said(last):  # a turn of its own, woken by the answer
+            told["answer"] = _said(last)
+            return {"text": "ledger says we spent 42"}
+        told["tools"] = {t["function"]["name"]: t["function"] for t in body.get("tools", [])}
+        return {"tool": "send_to", "input": {"to": "ledger", "message": note}, "id": "call_1"}
+
+    with serving(script) as model:
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        (agent_dir / "models.json").write_text(json.dumps(model.pi_models()))
+        plane_file = world["proj"] / "PLANE.toml"
+        pi_options = {"binary": pi_cli, "provider": "mock", "model": "mock-model",
+                      "timeout": 120, "env": env}  # fmt: skip
+        ledger = [sys.executable, str(AGENT)]
+        plane_file.write_text(
+            '[[agents]]\nid = "planner"\ndescription = "plans the work"\n'
+            f'talksTo = ["ledger"]\nruntime = "pi"\noptions = {_toml(pi_options)}\n\n'
+            '[[agents]]\nid = "ledger"\ndescription = "keeps the books"\n'
+            f'runtime = "command"\noptions = {{ argv = {json.dumps(ledger)} }}\n'
+        )
+        config = load_plane(plane_file)
+
+        async def go() -> tuple[list[dict[str, Any]], list[str], int, float]:
+            async with running(config) as (plane, watch):
+                plane.operator_line("planner", "what did we spend in August? ask ledger")
+                await settle(plane, timeout=240)
+                done = [e.text for e in watch.of("planner", "done")]
+                turns, cost = plane.state.spent("planner")
+                return log(plane), done, turns, cost
+
+        entries, done, turns, cost = asyncio.run(go())
+
+    # the tool was offered as the roster has it: who there is, and whom it may write to
+    send_to = told["tools"]["send_to"]
+    assert "You may write to: ledger (keeps the books)." in send_to["description"]
+    assert "team" in told["tools"]
+    assert told["receipt"].startswith("Written to ledger. It goes when this turn ends")
+    # the plane delivered the note, fenced as a peer's request, and ledger answered it
+    (ledger_turn,) = plane_turns(config, "ledger")
+    assert "A message from planner, another agent on this plane" in ledger_turn["prompt"]
+    assert f"\n{note}\n" in ledger_turn["prompt"]
+    assert "<<peer-message " in ledger_turn["prompt"]
+    sent = [e for e in entries if e["kind"] == "note" and e.get("receipt") == "delivered"]
+    assert [(e["sender"], e["recipient"], e["text"]) for e in sent] == [("planner", "ledger", note)]
+    back = [e for e in entries if e["kind"] == "answer" and e.get("receipt") == "delivered"]
+    assert [(e["sender"], e["recipient"]) for e in back] == [("ledger", "planner")]
+    # and the answer came back to pi as a turn of its own, fenced
+    assert "we spent 42 in August" in told["answer"]
+    assert "<<peer-message " in told["answer"]
+    assert done[-1] == "ledger says we spent 42"
+    assert turns == 2
+    assert cost > 0  # pi's own cost, from its events, counts against the ceiling
+    assert len(model.requests) == 3
