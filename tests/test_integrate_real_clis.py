@@ -25,10 +25,13 @@ from typing import Any
 import pytest
 
 from clis_kit import need
+from melchior.runtimes import Turn, runtime_for
 from melchior.tool import VOCABULARY
 from model_kit import Step, serving
 from plane_kit import AGENT, load_plane, log, running, settle
 from plane_kit import turns as plane_turns
+from runtimes_kit import Sink
+from runtimes_kit import run as run_turn
 
 TOOLS = sorted([*(v.name for v in VOCABULARY), "inbox"])
 PEER_TEXT = "PEER-HELLO please check INC-42"
@@ -233,6 +236,9 @@ def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
         if last["role"] == "tool":  # send_to's receipt, in the same turn
             told["receipt"] = _said(last)
             return {"text": "asked ledger; its answer comes as a turn of its own"}
+        if _said(last) == "outside a plane":
+            told["outside"] = sorted(t["function"]["name"] for t in body.get("tools", []))
+            return {"text": "nothing to send"}
         if "An answer from ledger" in _said(last):  # a turn of its own, woken by the answer
             told["answer"] = _said(last)
             return {"text": "ledger says we spent 42"}
@@ -253,6 +259,8 @@ def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
             f'runtime = "command"\noptions = {{ argv = {json.dumps(ledger)} }}\n'
         )
         config = load_plane(plane_file)
+        alone = runtime_for("pi", pi_options)  # the extension installed, but no plane turn
+        assert run_turn(alone.run(Turn("outside a plane", world["proj"]), Sink())).ok
 
         async def go() -> tuple[list[dict[str, Any]], list[str], int, float]:
             async with running(config) as (plane, watch):
@@ -264,6 +272,9 @@ def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
 
         entries, done, turns, cost = asyncio.run(go())
 
+    assert "send_to" not in told["outside"]  # the plane's verbs exist only in a plane turn
+    assert "team" not in told["outside"]
+    assert "read" in told["outside"]
     # the tool was offered as the roster has it: who there is, and whom it may write to
     send_to = told["tools"]["send_to"]
     assert "You may write to: ledger (keeps the books)." in send_to["description"]
@@ -284,4 +295,4 @@ def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
     assert done[-1] == "ledger says we spent 42"
     assert turns == 2
     assert cost > 0  # pi's own cost, from its events, counts against the ceiling
-    assert len(model.requests) == 3
+    assert len(model.requests) == 4

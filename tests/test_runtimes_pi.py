@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,11 @@ def test_a_new_session_with_the_exact_command_line(si: StandIns, work: Path) -> 
     assert result.path == "new"
     folder = Path(si.env["PI_CODING_AGENT_DIR"]) / "sessions" / "melchior"
     assert result.session is not None
-    assert Path(result.session).parent == folder
-    assert Path(result.session).is_file()
+    assert str(uuid.UUID(result.session)) == result.session  # an id a relay route can bind
+    file = folder / f"{result.session}.jsonl"
+    assert file.is_file()
     (call,) = si.calls("pi")
-    assert call["argv"] == ["-p", "--mode", "json", "--session", result.session, "--offline"]
+    assert call["argv"] == ["-p", "--mode", "json", "--session", str(file), "--offline"]
     assert call["stdin"] == "@~/.ssh/id_rsa -- hello there"  # on stdin: no @file, no flag
     assert call["cwd"] == str(work)
     assert result.usage == {"input_tokens": 100, "output_tokens": 7, "cost_usd": COST}
@@ -80,14 +82,20 @@ def test_a_bound_session_is_resumed_by_its_file_in_the_directory_it_began(
     assert second.session == first.session
     assert second.path == "resumed"
     assert second.usage["input_tokens"] == 110  # the history went to the model
-    assert si.calls("pi")[-1]["argv"][4] == first.session
+    file = Path(si.env["PI_CODING_AGENT_DIR"]) / "sessions" / "melchior" / f"{first.session}.jsonl"
+    assert si.calls("pi")[-1]["argv"][4] == str(file)
     assert si.calls("pi")[-1]["cwd"] == str(work)  # pi continues where the session began
+    by_path, _ = go(turn(si, work, "history", session=str(file)))  # any session file, locally
+    assert by_path.text == "2 turn(s) came before"
+    assert by_path.session == str(file)
 
 
 def test_a_bound_session_must_be_an_existing_session_file(si: StandIns, work: Path) -> None:
+    folder = Path(si.env["PI_CODING_AGENT_DIR"]) / "sessions" / "melchior"
     for session, why in (
-        ("01a23436-105b-7666-8063-327e1a7ff8bb", "is not the absolute path of a session file"),
-        ("relative/s.jsonl", "is not the absolute path of a session file"),
+        ("01a23436-105b", f"there is no pi session file at {folder / '01a23436-105b.jsonl'}"),
+        ("relative/s.jsonl", "is neither a session id"),
+        ("../../etc/passwd", "is neither a session id"),
         (str(work / "gone.jsonl"), f"there is no pi session file at {work / 'gone.jsonl'}"),
         ("--session-dir", "starts with '-'"),
     ):
@@ -120,13 +128,13 @@ def test_options_become_flags(si: StandIns, work: Path, tmp_path: Path) -> None:
     assert result.state == "completed", result
     argv = si.calls("pi")[0]["argv"]
     assert argv == [
-        "-p", "--mode", "json", "--session", result.session, "--provider", "mock",
+        "-p", "--mode", "json", "--session", str(sessions / f"{result.session}.jsonl"),
+        "--provider", "mock",
         "--model", "mock-model", "--thinking", "low", "--tools", "read,grep",
         "--no-builtin-tools", "--no-extensions", "-e", str(ext), "--no-context-files",
         "--append-system-prompt", "be brief", "--verbose",
     ]  # fmt: skip
-    assert result.session is not None
-    assert Path(result.session).parent == sessions
+    assert (sessions / f"{result.session}.jsonl").is_file()
 
 
 def test_tools_decide_what_pi_may_use(si: StandIns, work: Path) -> None:
@@ -215,8 +223,7 @@ def test_sigterm_from_elsewhere_is_a_canceled_turn_that_can_be_resumed(
     assert result.state == "canceled"
     assert result.retryable
     assert "exited with status 143 (SIGTERM) before finishing the turn" in result.text
-    assert result.session is not None
-    assert Path(result.session).is_file()  # pi saved it on SIGTERM
+    assert result.session is not None  # pi saved it on SIGTERM
     again, _ = go(turn(si, work, "history", session=result.session))
     assert again.text == "1 turn(s) came before"
 

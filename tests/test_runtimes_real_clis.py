@@ -199,7 +199,7 @@ def test_a_real_pi_turn_and_its_resume(tmp_path: Path, model_api: ModelServer, r
     assert first.usage["output_tokens"] == USAGE_OUT
     assert first.usage["cost_usd"] == pytest.approx((USAGE_IN * 3.0 + USAGE_OUT * 15.0) / 1e6)
     assert first.session is not None
-    assert Path(first.session).parent == tmp_path / "pi-agent" / "sessions" / "melchior"
+    assert (tmp_path / "pi-agent" / "sessions" / "melchior" / f"{first.session}.jsonl").is_file()
     assert second.text == "MOCK reply after 2 user message(s)"
 
 

@@ -6,7 +6,7 @@
   melchior plane status PLANE.toml [--json] each agent's turns, cost, ceiling and questions
 
 PLANE.toml lists [[agents]] with id, description, talksTo, runtime (command,
-claude-code, codex, a2a, provider), options, workspace and ceiling (turns, cost_usd);
+claude-code, codex, pi, a2a, provider), options, workspace and ceiling (turns, cost_usd);
 see docs/plane.md. State (doors, held notes, the log, hops, ceilings spent) is kept in
 SQLite beside it and survives a restart.
 

@@ -1,4 +1,4 @@
-"""Runtime adapters: how one turn of one agent runs (command, claude-code, codex, a2a).
+"""Runtime adapters: how one turn of one agent runs (command, claude-code, codex, pi, a2a…).
 
 Shared by the plane and the mellan receiver: "run one turn of this agent with this
 input, bound to this session, cancellable". Start at :mod:`melchior.runtimes.base` for

@@ -12,15 +12,17 @@ in argv, for the reasons the other adapters give (argument size, ``/proc``), and
 because pi reads a message starting with ``@`` as a file to attach and one starting
 with ``-`` as a flag.
 
-**Sessions are files.** A pi session is one JSONL file, and this adapter binds a task
-to the file's absolute path, never to pi's session id: given an id, pi looks it up
-and, when it was started in another directory, asks on stdin whether to fork it — and
-stdin is the prompt here, so its first line would answer. A new turn picks the file
-itself (``SESSION_DIR/UUID.jsonl``, under ``session_dir``, default pi's sessions
-directory's ``melchior/``), so the caller knows the session before the first event, as
-with Claude Code's ``--session-id``. A bound session must exist: pi would otherwise
-quietly start a new one at that path. pi continues a session in the directory it
-started in (its header's ``cwd``), whatever the turn's directory.
+**Sessions are files.** A pi session is one JSONL file, and pi's own session ids are
+not used to find one: given an id, pi looks it up and, when the session began in
+another directory, asks on stdin whether to fork it — and stdin is the prompt here, so
+its first line would answer. A new turn picks the file itself, ``SESSION_DIR/ID.jsonl``
+with a fresh UUID as ``ID`` (under ``session_dir``, default pi's sessions directory's
+``melchior/``), and binds the task to ``ID``: known before the first event, as with
+Claude Code's ``--session-id``, and of the alphabet a relay route's session takes. A
+bound session is that ``ID``, or the absolute path of any session file (local
+configuration), and its file must exist: pi would otherwise quietly start a new
+session at that path. pi continues a session in the directory it started in (its
+header's ``cwd``), whatever the turn's directory.
 
 **Unattended.** Print mode never asks anything (extensions cannot prompt there). pi
 has no permission system and no sandbox of its own: its ``bash``, ``edit`` and
@@ -120,6 +122,7 @@ tests/test_runtimes_real_clis.py). ``context_files = false`` needs ``--no-contex
 (0.67.4) and ``builtin_tools = false`` needs ``--no-builtin-tools`` as 0.70.0 made it
 (earlier it was missing, then it disabled extension tools too, send_to included)."""
 
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _REFUSALS = re.compile(
     r"Unknown option|Unknown provider|No session found|session working directory does not "
@@ -225,18 +228,23 @@ def session_dir(opts: PiOptions, env: Mapping[str, str]) -> Path:
     return Path(agent).expanduser() / "sessions" / "melchior"
 
 
-def check_session_file(session: str) -> str | None:
-    """Why ``session`` cannot be resumed as a pi session file, or None if it can."""
+def session_file(session: str, folder: Path) -> tuple[str | None, str | None]:
+    """(the file a bound ``session`` resumes, None) or (None, why it cannot be): an id
+    names ``folder/ID.jsonl``, an absolute path ending in ``.jsonl`` names itself."""
     if why := check_session_id(session):
-        return why
-    if not os.path.isabs(session) or not session.endswith(".jsonl"):
-        return (
-            f"pi session {session!r} is not the absolute path of a session file (.jsonl); "
-            "a pi session is bound by its file (pi's /session shows it)"
+        return None, why
+    if os.path.isabs(session) and session.endswith(".jsonl"):
+        path = session
+    elif _SESSION_ID.match(session):
+        path = str(folder / f"{session}.jsonl")
+    else:
+        return None, (
+            f"pi session {session!r} is neither a session id (letters, digits, '.', '_', "
+            "'-') nor the absolute path of a session file (.jsonl)"
         )
-    if not os.path.isfile(session):
-        return f"there is no pi session file at {session}"
-    return None
+    if not os.path.isfile(path):
+        return None, f"there is no pi session file at {path}"
+    return path, None
 
 
 def build_argv(program: str, opts: PiOptions, session_file: str) -> list[str]:
@@ -403,7 +411,7 @@ def _summary(value: Any) -> str:
 
 
 class PiRuntime:
-    """pi, one print-mode run per turn, resuming the bound session file."""
+    """pi, one print-mode run per turn, resuming the bound session's file."""
 
     name = NAME
 
@@ -430,9 +438,16 @@ class PiRuntime:
             opts = PiOptions.parse(layered(self.config, turn.options))
         except RuntimeConfigError as exc:
             return failed(str(exc), path=path)
-        if turn.session is not None and (why := check_session_file(turn.session)):
-            return failed(why, path=path)
         env = compose_env(opts.env, turn.env)
+        folder = session_dir(opts, env)
+        if turn.session is not None:
+            file, why = await asyncio.to_thread(session_file, turn.session, folder)
+            if file is None:
+                return failed(why or "no session file", path=path)
+            session = turn.session
+        else:
+            session = str(uuid.uuid4())
+            file = str(folder / f"{session}.jsonl")
         program = find_program(opts.binary, env)
         if program is None:
             return failed(
@@ -444,22 +459,17 @@ class PiRuntime:
             await asyncio.to_thread(SUPPORT.check, program, _in_use(opts), env)
         except RuntimeConfigError as exc:
             return failed(str(exc), path=path)
-        if turn.session is not None:
-            session_file = turn.session
-        else:
-            folder = session_dir(opts, env)
-            try:
-                await asyncio.to_thread(folder.mkdir, mode=0o700, parents=True, exist_ok=True)
-            except OSError as exc:
-                return failed(f"cannot make pi's session directory {folder}: {exc}", path=path)
-            session_file = str(folder / f"{uuid.uuid4()}.jsonl")
+        try:
+            await asyncio.to_thread(folder.mkdir, mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            return failed(f"cannot make pi's session directory {folder}: {exc}", path=path)
         await emit(
             Progress(
                 "status",
-                f"resuming pi session {session_file}"
+                f"resuming pi session {session} ({file})"
                 if turn.session
-                else f"starting a new pi session in {turn.cwd}",
-                {"path": path, "session": session_file},
+                else f"starting a new pi session {session} in {turn.cwd}",
+                {"path": path, "session": session, "file": file},
             )
         )
         events = _Events(emit)
@@ -469,7 +479,7 @@ class PiRuntime:
 
         try:
             ex = await run_process(
-                build_argv(program, opts, session_file),
+                build_argv(program, opts, file),
                 cwd=turn.cwd,
                 env=env,
                 stdin=turn.prompt.encode("utf-8", "surrogatepass"),
@@ -483,7 +493,7 @@ class PiRuntime:
             return failed(f"pi was stopped: {exc}", path=path)
         # pi writes the file once the model has answered; before that there is nothing
         # a next turn could resume.
-        kept = session_file if await asyncio.to_thread(os.path.isfile, session_file) else None
+        kept = session if await asyncio.to_thread(os.path.isfile, file) else None
         if events.usage:
             await emit(Progress("usage", "", events.usage))
         return _outcome(ex, events, opts, kept, path)
