@@ -234,6 +234,7 @@ def test_bad_options_are_refused_naming_them(si: StandIns, work: Path) -> None:
         ({"thinking": "max"}, "option thinking must be one of off, minimal"),
         ({"tools": ["read", "rm -rf"]}, "option tools has 'rm -rf'"),
         ({"tools": "read"}, "option tools must be a list of text"),
+        ({"tools": []}, "option tools lists no tool, which would leave pi all of its own"),
         ({"extensions": ["--no-extensions"]}, "option extensions has '--no-extensions'"),
         ({"model": "-m"}, "option model has '-m'"),
         ({"session_dir": "sessions"}, "option session_dir must be an absolute path"),

@@ -184,6 +184,11 @@ class PiOptions:
             limits=limits,
             env=r.env_map("env"),
         )
+        if raw.get("tools") is not None and not opts.tools:
+            raise RuntimeConfigError(
+                f"{NAME}: option tools lists no tool, which would leave pi all of its own; "
+                "for none of pi's own, set builtin_tools = false"
+            )
         for tool in opts.tools:
             if not _TOOL_NAME.match(tool):
                 raise RuntimeConfigError(
