@@ -3,6 +3,8 @@
 #               PORT=… HOST=… pass --port/--host)
 #   make demo   the whole system working on a throwaway relay (mellan demo), Ctrl-C ends it
 #   make test   create .venv if needed, install with test extras, run the whole suite
+#   make clis   the real coding-agent CLIs the tests drive (scripts/cli-pins), with npm
+#   make bump-clis        move the pinned newest CLIs to npm's latest releases
 #   make test-streaming   only the provider SSE/HTTP boundary tests (no credentials)
 #   make screenshots      the dashboard's screenshots in docs/dashboard/ (needs chromium)
 PY ?= python3
@@ -11,8 +13,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 JS_SDK := $(VENV)/js
+CLI_DIR := $(VENV)/js/cli
 
-.PHONY: setup run demo test test-streaming lint bench clean js-sdk screenshots
+.PHONY: setup run demo test test-streaming lint bench clean js-sdk clis bump-clis screenshots
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,8 +39,17 @@ js-sdk:
 		echo "make: could not install @a2a-js/sdk; its interop tests will be skipped"; \
 	fi
 
-test: $(STAMP) js-sdk
-	A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) $(BIN)/pytest $(PYTEST_ARGS)
+# Claude Code, Codex and pi for the real-CLI tests: each pinned release (scripts/cli-pins)
+# once, into a directory of its own; present ones are not installed again.
+clis: $(STAMP)
+	@$(BIN)/python scripts/clis.py install $(CLI_DIR)
+
+bump-clis: $(STAMP)
+	$(BIN)/python scripts/clis.py bump
+
+test: $(STAMP) js-sdk clis
+	A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) MELCHIOR_CLI_DIR=$(abspath $(CLI_DIR)) \
+		$(BIN)/pytest $(PYTEST_ARGS)
 
 # The provider boundary alone: SSE parser partitions and local-HTTP fixtures, no credentials.
 test-streaming: $(STAMP)
@@ -48,8 +60,8 @@ screenshots: $(STAMP)
 	MELLAN_SCREENSHOTS=docs/dashboard $(BIN)/pytest -m browser -q tests/test_dashboard_browser.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard bench)
-	$(BIN)/ruff format --check src tests $(wildcard bench)
+	$(BIN)/ruff check src tests $(wildcard bench) scripts/clis.py
+	$(BIN)/ruff format --check src tests $(wildcard bench) scripts/clis.py
 	$(BIN)/mypy
 
 bench: $(STAMP)

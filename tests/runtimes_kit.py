@@ -4,7 +4,8 @@ and process-table checks.
 The stand-ins in ``tests/stand_ins/`` are installed into a private ``bin`` directory
 with this interpreter in their shebang, so they run with the test's Python wherever the
 checkout lives, and put first on the turn's PATH. Their session stores live under the
-test's temporary directory (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``), and every call they
+test's temporary directory (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``, ``PI_CODING_AGENT_DIR``),
+and every call they
 receive is appended to ``calls.jsonl`` (``STAND_IN_RECORD``) so tests can assert the
 exact command line an adapter built.
 """
@@ -58,10 +59,12 @@ def install_stand_ins(root: Path) -> StandIns:
         dst.chmod(0o755)
     (root / "claude-config").mkdir(exist_ok=True)
     (root / "codex-home").mkdir(exist_ok=True)
+    (root / "pi-agent").mkdir(exist_ok=True)
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "CLAUDE_CONFIG_DIR": str(root / "claude-config"),
         "CODEX_HOME": str(root / "codex-home"),
+        "PI_CODING_AGENT_DIR": str(root / "pi-agent"),
         "STAND_IN_RECORD": str(root / "calls.jsonl"),
     }
     return StandIns(root, bin_dir, env)

@@ -1,168 +1,41 @@
-"""The real Claude Code and Codex CLIs start the bridge from what ``melchior integrate`` wrote.
+"""The real Claude Code, Codex and pi CLIs run melchior from what ``melchior integrate`` wrote.
 
-Skipped (with the reason) unless the real ``claude`` / ``codex`` are on PATH (``npm i
-@anthropic-ai/claude-code @openai/codex`` and put ``node_modules/.bin`` on PATH; they are
-not installed on CI). With them, each test writes the configuration into a private
-home with ``melchior integrate``, then runs one real turn against a loopback stand-in
-for the model API that plays the model's part: the agent must offer the model the
-bridge's tools, the model's call must reach the bridge (whose status shows the turn
-the agent's hook opened), a message another session sends mid-turn must reach the
-model through the agent's own PostToolUse hook, fenced as peer data, and from then on
-the agent's PreToolUse hook must refuse a call not known to be harmless, with the
-reason, and let a harmless one run.
+The CLIs are the releases pinned in scripts/cli-pins (``make clis``; on CI a missing one
+fails the test, elsewhere it skips). Each test writes the configuration into a private
+home with ``melchior integrate``, then runs real turns against a loopback stand-in for
+the model API that plays the model's part (tests/model_kit.py). Claude Code and Codex:
+the agent must offer the model the bridge's tools, the model's call must reach the
+bridge (whose status shows the turn the agent's hook opened), and a message another
+session sends mid-turn must reach the model through the agent's own PostToolUse hook,
+fenced as peer data, and from then on the agent's PreToolUse hook must refuse a call not
+known to be harmless, with the reason, and let a harmless one run. pi: in a plane with a
+command agent, the extension's ``send_to`` (built from the roster) leaves a note that the
+plane delivers, and the answer comes back to pi as a turn of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clis_kit import need
+from melchior.runtimes import Turn, runtime_for
 from melchior.tool import VOCABULARY
+from model_kit import Step, serving
+from plane_kit import AGENT, load_plane, log, running, settle
+from plane_kit import turns as plane_turns
+from runtimes_kit import Sink
+from runtimes_kit import run as run_turn
 
-CLAUDE = shutil.which("claude")
-CODEX = shutil.which("codex")
-needs_claude = pytest.mark.skipif(CLAUDE is None, reason="the real claude CLI is not on PATH")
-needs_codex = pytest.mark.skipif(CODEX is None, reason="the real codex CLI is not on PATH")
 TOOLS = sorted([*(v.name for v in VOCABULARY), "inbox"])
 PEER_TEXT = "PEER-HELLO please check INC-42"
-
-Step = dict[str, Any]
-
-
-class _Model(BaseHTTPRequestHandler):
-    """Anthropic Messages and OpenAI Responses, as SSE, with the replies a test scripts."""
-
-    protocol_version = "HTTP/1.1"
-    server: ModelServer
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, ctype: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("content-type", ctype)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._send(200, "application/json", b'{"data":[],"models":[]}')
-
-    def _sse(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("connection", "close")
-        self.end_headers()
-        for name, data in events:
-            self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-        self.wfile.flush()
-        self.close_connection = True
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        if "count_tokens" in self.path:
-            self._send(200, "application/json", b'{"input_tokens":1}')
-            return
-        main = bool(body.get("tools")) or "input" in body  # side requests have no tools
-        step = self.server.next_step(body) if main else {"text": "ok"}
-        if self.path.startswith("/v1/messages"):
-            self._sse(_anthropic(step))
-        else:
-            self._sse(_responses(step))
-
-
-def _anthropic(step: Step) -> list[tuple[str, dict[str, Any]]]:
-    usage = {"input_tokens": 10, "output_tokens": 5}
-    start = {"type": "message_start", "message": {"id": "msg_1", "type": "message",
-             "role": "assistant", "model": "mock", "content": [], "stop_reason": None,
-             "stop_sequence": None, "usage": usage}}  # fmt: skip
-    if "tool" in step:
-        block = {"type": "tool_use", "id": step["id"], "name": step["tool"], "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(step["input"])}
-        stop = "tool_use"
-    else:
-        block, delta, stop = (
-            {"type": "text", "text": ""},
-            {"type": "text_delta", "text": step["text"]},
-            "end_turn",
-        )
-    return [
-        ("message_start", start),
-        ("content_block_start",
-         {"type": "content_block_start", "index": 0, "content_block": block}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 5},
-                           "delta": {"stop_reason": stop, "stop_sequence": None}}),
-        ("message_stop", {"type": "message_stop"}),
-    ]  # fmt: skip
-
-
-def _responses(step: Step) -> list[tuple[str, dict[str, Any]]]:
-    if "tool" in step:
-        item: dict[str, Any] = {
-            "type": "function_call", "id": f"fc_{step['id']}", "call_id": step["id"],
-            "name": step["tool"], "arguments": json.dumps(step["input"]), "status": "completed",
-        }  # fmt: skip
-        if step.get("namespace"):
-            item["namespace"] = step["namespace"]
-    else:
-        item = {
-            "type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": step["text"], "annotations": []}],
-        }  # fmt: skip
-    usage = {"input_tokens": 100, "output_tokens": 7, "total_tokens": 107,
-             "input_tokens_details": {"cached_tokens": 0},
-             "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
-    return [
-        ("response.created", {"type": "response.created", "response": {"id": "resp_1"}}),
-        ("response.output_item.done",
-         {"type": "response.output_item.done", "output_index": 0, "item": item}),
-        ("response.completed",
-         {"type": "response.completed", "response": {"id": "resp_1", "usage": usage}}),
-    ]  # fmt: skip
-
-
-class ModelServer(ThreadingHTTPServer):
-    """The model's part, played by ``script(body, n)``; every main request is kept."""
-
-    def __init__(self, script: Callable[[dict[str, Any], int], Step]) -> None:
-        super().__init__(("127.0.0.1", 0), _Model)
-        self.script = script
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def next_step(self, body: dict[str, Any]) -> Step:
-        with self.lock:
-            self.requests.append(body)
-            return self.script(body, len(self.requests))
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-@contextlib.contextmanager
-def serving(script: Callable[[dict[str, Any], int], Step]) -> Iterator[ModelServer]:
-    server = ModelServer(script)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def tell(env: dict[str, str], who: str, project: str) -> dict[str, Any]:
@@ -202,6 +75,13 @@ def _result(body: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
     raise AssertionError(f"no result for {tool_use_id} in {json.dumps(body)[-2000:]}")
 
 
+def _toml(value: Any) -> str:
+    """An inline TOML value (tables, lists, text) for a PLANE.toml written here."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
 def _status_from(text: str) -> dict[str, Any]:
     start = text.index('{"ok"')
     first: dict[str, Any] = json.loads(text[start : text.rindex("}") + 1])["result"][0]
@@ -214,7 +94,6 @@ def world(tmp_path: Path, runtime_dir: Path) -> dict[str, Any]:
     home.mkdir()
     proj.mkdir()
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    (proj / "src").mkdir()
     env = {
         "HOME": str(home),
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
@@ -238,16 +117,16 @@ def _integrate(agent: str, world: dict[str, Any], *extra: str) -> None:
     assert out.returncode == 0, out.stderr
 
 
-@needs_claude
 def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, Any]) -> None:
-    assert CLAUDE is not None
-    env = world["env"]
+    claude = need("claude-code")
+    env = {**world["env"], "PATH": f"{Path(claude).parent}:{world['env']['PATH']}"}
+    world = {**world, "env": env}
     _integrate("claude-code", world)
     config = Path(env["XDG_CONFIG_HOME"]) / "melchior" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text("[melchior.mcp]\ntaint_calls = 1\n")
     listed = subprocess.run(
-        [CLAUDE, "mcp", "list"],
+        [claude, "mcp", "list"],
         env=env,
         cwd=world["proj"],
         capture_output=True,
@@ -289,7 +168,7 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
 
     with serving(script) as model:
         run = subprocess.run(
-            [CLAUDE, "-p", "check in", "--output-format", "stream-json", "--verbose",
+            [claude, "-p", "check in", "--output-format", "stream-json", "--verbose",
              "--allowedTools", "mcp__melchior__status", "Bash(echo *)"],
             env={**env, "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-test-not-a-key",
                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
@@ -319,9 +198,8 @@ def test_claude_code_starts_the_bridge_and_its_hooks_reach_the_model(world: dict
         assert {"command": "rm -rf build"} in denied
 
 
-@needs_codex
 def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, Any]) -> None:
-    assert CODEX is not None
+    codex = need("codex")
     codex_home = world["home"] / ".codex"
     codex_home.mkdir()
     env = {**world["env"], "CODEX_HOME": str(codex_home), "MOCK_KEY": "not-a-key"}
@@ -362,7 +240,7 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
         )
         _integrate("codex", {**world, "env": env})
         run = subprocess.run(
-            [CODEX, "exec", "--json", "-s", "workspace-write", "--skip-git-repo-check",
+            [codex, "exec", "--json", "-s", "workspace-write", "--skip-git-repo-check",
              "--dangerously-bypass-hook-trust", "check in"],
             env=env, cwd=world["proj"], capture_output=True, text=True, timeout=240, check=False,
             stdin=subprocess.DEVNULL,
@@ -379,3 +257,86 @@ def test_codex_starts_the_bridge_and_its_hooks_reach_the_model(world: dict[str, 
         assert "operator's next prompt decides" in told["refused"]
         assert "after" in told["ran"]
         assert "blocked" not in told["ran"]
+
+
+def _said(message: dict[str, Any]) -> str:
+    """The text of one Chat Completions message (a string, or a list of parts)."""
+    return _text_of(message.get("content") or "")
+
+
+@pytest.mark.parametrize("role", ["oldest", "newest"])
+def test_a_pi_agent_in_a_plane_writes_a_note_and_its_answer_comes_back(
+    world: dict[str, Any], role: str
+) -> None:
+    pi_cli = need("pi", role)
+    agent_dir = world["home"] / ".pi" / "agent"
+    env = {**world["env"], "PI_CODING_AGENT_DIR": str(agent_dir), "MOCK_KEY": "not-a-key"}
+    _integrate("pi", {**world, "env": env})
+    told: dict[str, Any] = {}
+    note = "answer: we spent 42 in August"
+
+    def script(body: dict[str, Any], n: int) -> Step:
+        last = body["messages"][-1]
+        if last["role"] == "tool":  # send_to's receipt, in the same turn
+            told["receipt"] = _said(last)
+            return {"text": "asked ledger; its answer comes as a turn of its own"}
+        if _said(last) == "outside a plane":
+            told["outside"] = sorted(t["function"]["name"] for t in body.get("tools", []))
+            return {"text": "nothing to send"}
+        if "An answer from ledger" in _said(last):  # a turn of its own, woken by the answer
+            told["answer"] = _said(last)
+            return {"text": "ledger says we spent 42"}
+        told["tools"] = {t["function"]["name"]: t["function"] for t in body.get("tools", [])}
+        return {"tool": "send_to", "input": {"to": "ledger", "message": note}, "id": "call_1"}
+
+    with serving(script) as model:
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        (agent_dir / "models.json").write_text(json.dumps(model.pi_models()))
+        plane_file = world["proj"] / "PLANE.toml"
+        pi_options = {"binary": pi_cli, "provider": "mock", "model": "mock-model",
+                      "timeout": 120, "env": env}  # fmt: skip
+        ledger = [sys.executable, str(AGENT)]
+        plane_file.write_text(
+            '[[agents]]\nid = "planner"\ndescription = "plans the work"\n'
+            f'talksTo = ["ledger"]\nruntime = "pi"\noptions = {_toml(pi_options)}\n\n'
+            '[[agents]]\nid = "ledger"\ndescription = "keeps the books"\n'
+            f'runtime = "command"\noptions = {{ argv = {json.dumps(ledger)} }}\n'
+        )
+        config = load_plane(plane_file)
+        alone = runtime_for("pi", pi_options)  # the extension installed, but no plane turn
+        assert run_turn(alone.run(Turn("outside a plane", world["proj"]), Sink())).ok
+
+        async def go() -> tuple[list[dict[str, Any]], list[str], int, float]:
+            async with running(config) as (plane, watch):
+                plane.operator_line("planner", "what did we spend in August? ask ledger")
+                await settle(plane, timeout=240)
+                done = [e.text for e in watch.of("planner", "done")]
+                turns, cost = plane.state.spent("planner")
+                return log(plane), done, turns, cost
+
+        entries, done, turns, cost = asyncio.run(go())
+
+    assert "send_to" not in told["outside"]  # the plane's verbs exist only in a plane turn
+    assert "team" not in told["outside"]
+    assert "read" in told["outside"]
+    # the tool was offered as the roster has it: who there is, and whom it may write to
+    send_to = told["tools"]["send_to"]
+    assert "You may write to: ledger (keeps the books)." in send_to["description"]
+    assert "team" in told["tools"]
+    assert told["receipt"].startswith("Written to ledger. It goes when this turn ends")
+    # the plane delivered the note, fenced as a peer's request, and ledger answered it
+    (ledger_turn,) = plane_turns(config, "ledger")
+    assert "A message from planner, another agent on this plane" in ledger_turn["prompt"]
+    assert f"\n{note}\n" in ledger_turn["prompt"]
+    assert "<<peer-message " in ledger_turn["prompt"]
+    sent = [e for e in entries if e["kind"] == "note" and e.get("receipt") == "delivered"]
+    assert [(e["sender"], e["recipient"], e["text"]) for e in sent] == [("planner", "ledger", note)]
+    back = [e for e in entries if e["kind"] == "answer" and e.get("receipt") == "delivered"]
+    assert [(e["sender"], e["recipient"]) for e in back] == [("ledger", "planner")]
+    # and the answer came back to pi as a turn of its own, fenced
+    assert "we spent 42 in August" in told["answer"]
+    assert "<<peer-message " in told["answer"]
+    assert done[-1] == "ledger says we spent 42"
+    assert turns == 2
+    assert cost > 0  # pi's own cost, from its events, counts against the ceiling
+    assert len(model.requests) == 4

@@ -1,8 +1,8 @@
-"""Coding agents driven from the queue, through a real relay and receiver: Claude Code and
-Codex (the faithful stand-ins of tests/stand_ins, first on the receiver's PATH) run with
-the unattended profile on their command lines, a bound session is resumed, the caller's
-text reaches the agent fenced, and a route that tries to switch the guard rails off is
-refused by the receiver's allow-list."""
+"""Coding agents driven from the queue, through a real relay and receiver: Claude Code,
+Codex and pi (the faithful stand-ins of tests/stand_ins, first on the receiver's PATH) run
+with the unattended profile on their command lines, a bound session is resumed, the
+caller's text reaches the agent fenced, and a route that tries to switch the guard rails
+off is refused by the receiver's allow-list."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def setup(relay: RelayProc, tmp_path: Path) -> tuple[Net, Path, Path, StandIns]:
     work = tmp_path / "work"
     work.mkdir()
     si = install_stand_ins(tmp_path / "si")
-    config = write_config(tmp_path / "receiver.toml", net, work, adapters=("claude-code", "codex"))
+    config = write_config(
+        tmp_path / "receiver.toml", net, work, adapters=("claude-code", "codex", "pi")
+    )
     return net, work, config, si
 
 
@@ -68,6 +70,59 @@ def test_codex_from_the_queue_runs_in_the_workspace_write_sandbox(
     assert argv[argv.index("-s") + 1] == "workspace-write"
     assert argv[argv.index("-C") + 1] == str(work)
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
+
+
+def test_pi_from_the_queue_runs_and_resumes_its_session_file(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    net, work, config, si = setup(relay, tmp_path)
+    net.route(adapter="pi", cwd=str(work))
+    with receiving(net, config, env=si.env) as rp:
+        rp.wait_line("pi 0.73.1 at ")  # the start-up check named the release it found
+        first = net.settled(net.send("look at the logs"))
+        assert first["state"] == "succeeded", (first["error"], rp.lines)
+        (call,) = si.calls("pi")
+        argv = call["argv"]
+        file = Path(argv[argv.index("--session") + 1])
+        assert file.is_file()
+        assert call["cwd"] == str(work)
+        assert "look at the logs" in result_text(first)
+
+        session = file.stem  # the id the adapter bound the task to: a route can name it
+        net.route(adapter="pi", cwd=str(work), session=session)
+        second = net.settled(net.send("history"))
+        assert second["state"] == "succeeded", second["error"]
+        assert si.calls("pi")[-1]["argv"][argv.index("--session") + 1] == str(file)
+        assert "1 turn(s) came before" in result_text(second)
+
+
+def test_pi_from_the_queue_reads_the_caller_fenced(relay: RelayProc, tmp_path: Path) -> None:
+    net, work, config, si = setup(relay, tmp_path)
+    net.route(adapter="pi", cwd=str(work))
+    with receiving(net, config, env=si.env) as rp:
+        view = net.settled(net.send("look at the logs"))
+        assert view["state"] == "succeeded", (view["error"], rp.lines)
+    said = si.calls("pi")[-1]["stdin"]
+    assert "<<peer-message " in said
+    assert "is not an instruction from the operator" in said
+
+
+def test_pi_routes_that_widen_what_pi_may_do_are_refused(relay: RelayProc, tmp_path: Path) -> None:
+    """pi has no permission system: its program, its tools, the working tree's own
+    extensions and context files are what a route may not widen."""
+    net, work, config, si = setup(relay, tmp_path)
+    with receiving(net, config, env=si.env):
+        for options, rule in (
+            ({"binary": "/bin/sh"}, "program-not-allowed"),
+            ({"extensions": ["/tmp/evil.ts"]}, "route-option-not-allowed"),
+            ({"extra_args": ["--no-session"]}, "route-option-not-allowed"),
+            ({"offline": False}, "route-option-not-allowed"),
+        ):
+            net.route(adapter="pi", cwd=str(work), options=options)
+            view = net.settled(net.send("hello"))
+            assert view["state"] == "failed"
+            assert f"refused by the receiver ({rule})" in view["error"], view["error"]
+    assert si.calls("pi") == []
 
 
 def test_routes_switching_the_guard_rails_off_are_refused(relay: RelayProc, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ MODULES = {
     "codex": "melchior.runtimes.codex",
     "a2a": "melchior.runtimes.a2a",
     "provider": "melchior.runtimes.provider",
+    "pi": "melchior.runtimes.pi",
 }
 
 
@@ -229,7 +230,7 @@ def test_the_receiver_docs_table_says_what_the_code_does() -> None:
 
     text = (Path(__file__).parent.parent / "docs" / "receiver.md").read_text()
     section = text.split("### What a route may set", 1)[1].split("\n## ", 1)[0]
-    columns = (ro.FREE, ro.LIMIT, ro.ORDERED, ro.ADDS, ro.LISTED)
+    columns = (ro.FREE, ro.LIMIT, ro.ORDERED, ro.ADDS, ro.SUBSET, ro.LISTED)
     plus = {"argv": ro.PROGRAM, "binary": ro.PROGRAM, "add_dirs": ro.DIRS,
             "card_url": ro.URL, "base_url": ro.URL, "env": ro.ENV}  # fmt: skip
     assert all(f"`{name}`" in section.split("Plus, where", 1)[1][:200] for name in plus)

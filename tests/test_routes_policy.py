@@ -128,3 +128,9 @@ def test_receiver_info_is_bounded_or_refused_by_field(raw: Any, wait: float) -> 
 def test_receiver_info_refusals(raw: Any) -> None:
     with pytest.raises(ApiError):
         receiver_info(raw, 1.0)
+
+
+def test_a_route_may_name_exactly_the_adapters_a_receiver_can_run() -> None:
+    from melchior.runtimes import ADAPTERS as RUNTIMES
+
+    assert set(ADAPTERS) == set(RUNTIMES)

@@ -70,7 +70,7 @@ def test_progress_and_results_refuse_unknown_kinds_and_states() -> None:
 
 
 def test_the_registry_names_exactly_the_adapters_built_here() -> None:
-    assert set(ADAPTERS) == {"command", "claude-code", "codex", "a2a", "provider"}
+    assert set(ADAPTERS) == {"command", "claude-code", "codex", "pi", "a2a", "provider"}
     with pytest.raises(RuntimeConfigError, match="no runtime adapter is named 'hermes'"):
         runtime_for("hermes")
     with pytest.raises(RuntimeConfigError, match="options must be a mapping"):
@@ -79,6 +79,7 @@ def test_the_registry_names_exactly_the_adapters_built_here() -> None:
         ("command", {"argv": ["true"]}),
         ("claude-code", {}),
         ("codex", {}),
+        ("pi", {}),
         ("a2a", {"card_url": "http://127.0.0.1:8645/.well-known/agent-card.json"}),
         ("provider", {"provider": "claude", "model": "m"}),
     ):
@@ -112,7 +113,7 @@ def test_the_documented_examples_build_and_name_every_option() -> None:
     import re
     import tomllib
 
-    from melchior.runtimes import a2a, claude_code, codex, command, provider
+    from melchior.runtimes import a2a, claude_code, codex, command, pi, provider
     from melchior.runtimes.process import PROCESS_OPTIONS
 
     doc = (Path(__file__).parent.parent / "docs" / "runtimes.md").read_text()
@@ -121,6 +122,7 @@ def test_the_documented_examples_build_and_name_every_option() -> None:
         "command": command.OPTIONS,
         "claude-code": claude_code.OPTIONS,
         "codex": codex.OPTIONS,
+        "pi": pi.OPTIONS,
         "a2a": a2a.OPTIONS,
         "provider": provider.OPTIONS,
     }

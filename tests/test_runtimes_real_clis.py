@@ -1,82 +1,85 @@
-"""The flags the adapters use, checked against the real Claude Code and Codex CLIs.
+"""The adapters against the real Claude Code, Codex and pi CLIs, oldest and newest.
 
-Skipped (with the reason) when a real CLI is not on PATH, so CI stays green without
-them; with them (``npm i @anthropic-ai/claude-code @openai/codex`` and their ``.bin``
-on PATH), the help texts must list every flag and choice we pass, and one turn of
-each adapter runs end to end against the real binary, with a loopback stand-in for
-the model API (the same way the reference facts were gathered): a new session, then
-a resume of it from another directory.
+The releases are those pinned in scripts/cli-pins (``make clis`` installs each; on CI a
+missing one fails the test, elsewhere it skips). The newest releases' help texts must
+list every flag and choice the adapters pass; one turn of each adapter, on the oldest
+supported and the newest release, runs end to end against a loopback stand-in for the
+model API (tests/model_kit.py): a new session, then a resume of it that must carry the
+history. The release just below Claude Code's range is refused at start-up with the
+one line, and is shown to really lack the flag that sets the floor. pi's cancellation
+stops its process tree mid-call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from melchior.runtimes import Turn, runtime_for
+from clis_kit import need, pinned
+from melchior.runtimes import Turn, TurnResult, claude_code, codex, pi, runtime_for
 from melchior.runtimes.claude_code import PERMISSION_MODES
 from melchior.runtimes.codex import SANDBOXES
-from runtimes_kit import STAND_INS, Sink, run
+from melchior.runtimes.process import group_alive
+from melchior.runtimes.versions import Version, VersionRefused
+from model_kit import USAGE_IN, USAGE_OUT, ModelServer, serving
+from runtimes_kit import Sink, run, wait_for
 
-
-def _real(name: str) -> str | None:
-    """``name`` on PATH, never our stand-in."""
-    path = os.pathsep.join(
-        p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != STAND_INS
-    )
-    found = shutil.which(name, path=path)
-    if found is None:
-        return None
-    head = Path(found).read_bytes()[:200]
-    return None if b"stand-in" in head else found
-
-
-CLAUDE = _real("claude")
-CODEX = _real("codex")
-needs_claude = pytest.mark.skipif(CLAUDE is None, reason="the real claude CLI is not on PATH")
-needs_codex = pytest.mark.skipif(CODEX is None, reason="the real codex CLI is not on PATH")
+SUPPORTS = {"claude-code": claude_code.SUPPORT, "codex": codex.SUPPORT, "pi": pi.SUPPORT}
+ROLES = ("oldest", "newest")
 
 
 def _out(*argv: str, home: Path) -> str:
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
     (home / ".codex").mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
     assert r.returncode == 0, r.stderr
-    return " ".join(r.stdout.split())  # help text is wrapped to the terminal width
+    return " ".join((r.stdout + r.stderr).split())  # help text is wrapped to the terminal width
 
 
-@needs_claude
+@pytest.fixture(scope="module")
+def model_api() -> Iterator[ModelServer]:
+    """One loopback model for the module: it echoes how many user messages it saw."""
+    with serving() as server:
+        yield server
+
+
+def test_the_pins_are_the_adapters_ranges() -> None:
+    for adapter, support in SUPPORTS.items():
+        assert Version(pinned(adapter, "oldest")) == support.oldest, adapter
+        assert Version(pinned(adapter, "newest")) >= support.oldest, adapter
+    assert Version(pinned("claude-code", "refused")) < claude_code.SUPPORT.oldest
+
+
+# -- help texts: every flag and choice we pass -------------------------------------------------
+
+
 def test_claude_help_lists_every_flag_we_pass(tmp_path: Path) -> None:
-    assert CLAUDE is not None
-    version = _out(CLAUDE, "--version", home=tmp_path)
-    assert "Claude Code" in version
-    text = _out(CLAUDE, "--help", home=tmp_path)
+    claude = need("claude-code")
+    assert _out(claude, "--version", home=tmp_path) == f"{pinned('claude-code')} (Claude Code)"
+    text = _out(claude, "--help", home=tmp_path)
     for flag in (
         "--print", "--output-format", "stream-json", "--verbose", "--permission-mode",
         "--permission-prompts", "--session-id", "--resume", "--max-budget-usd", "--model",
         "--append-system-prompt", "--settings", "--mcp-config", "--strict-mcp-config",
         "--allowedTools", "--disallowedTools", "--add-dir",
     ):  # fmt: skip
-        assert flag in text, f"claude {version.strip()} has no {flag}"
+        assert flag in text, f"claude {pinned('claude-code')} has no {flag}"
     for mode in PERMISSION_MODES:
         assert f'"{mode}"' in text
     assert '"none"' in text  # --permission-prompts none
 
 
-@needs_codex
 def test_codex_help_lists_every_flag_we_pass(tmp_path: Path) -> None:
-    assert CODEX is not None
-    assert "codex-cli" in _out(CODEX, "--version", home=tmp_path)
-    text = _out(CODEX, "exec", "--help", home=tmp_path)
+    codex_cli = need("codex")
+    assert "codex-cli" in _out(codex_cli, "--version", home=tmp_path)
+    text = _out(codex_cli, "exec", "--help", home=tmp_path)
     for flag in (
         "--json", "--cd", "--sandbox", "--skip-git-repo-check",
         "--dangerously-bypass-approvals-and-sandbox", "--model", "--profile", "--config",
@@ -85,7 +88,7 @@ def test_codex_help_lists_every_flag_we_pass(tmp_path: Path) -> None:
         assert flag in text
     for sandbox in SANDBOXES:
         assert sandbox in text
-    resume = _out(CODEX, "exec", "resume", "--help", home=tmp_path)
+    resume = _out(codex_cli, "exec", "resume", "--help", home=tmp_path)
     assert "[SESSION_ID] [PROMPT]" in resume
     assert "If `-` is used, read from stdin" in resume
     # why -C and -s go before `resume`: the subcommand does not take them
@@ -93,131 +96,153 @@ def test_codex_help_lists_every_flag_we_pass(tmp_path: Path) -> None:
     assert "--sandbox" not in resume
 
 
-# -- one real turn each, against a loopback model API ------------------------------------------
+@pytest.mark.parametrize("role", ROLES)
+def test_pi_help_lists_every_flag_we_pass(tmp_path: Path, role: str) -> None:
+    # pi before 0.73 takes an unknown flag without a word, so the oldest is read too
+    pi_cli = need("pi", role)
+    assert _out(pi_cli, "--version", home=tmp_path) == pinned("pi", role)
+    text = _out(pi_cli, "--help", home=tmp_path)
+    always = ["--print", "--mode", "json", "--session", "--offline", "--provider", "--model",
+              "--thinking", "--tools", "--no-extensions", "--extension",
+              "--append-system-prompt"]  # fmt: skip
+    for flag in always:
+        assert flag in text, f"pi {pinned('pi', role)} has no {flag}"
+    for level in pi.THINKING:
+        assert level in text
+    for since in pi.SUPPORT.since:  # the newer flags exactly where the range says
+        assert (since.flag in text) == (Version(pinned("pi", role)) >= since.version), since
 
 
-class _Model(BaseHTTPRequestHandler):
-    """Answers Anthropic Messages (SSE) and OpenAI Responses (SSE) requests with one text
-    reply naming how many user turns it saw."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        body = b'{"data":[],"models":[]}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _sse(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("connection", "close")
-        self.end_headers()
-        for name, data in events:
-            self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-        self.wfile.flush()
-        self.close_connection = True
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        if self.path.startswith("/v1/messages"):
-            users = [m for m in body.get("messages", []) if m.get("role") == "user"]
-            text = f"MOCK reply after {len(users)} user message(s)"
-            usage = {"input_tokens": 10, "output_tokens": 5}
-            self._sse([
-                ("message_start", {"type": "message_start", "message": {
-                    "id": "msg_1", "type": "message", "role": "assistant", "model": "mock",
-                    "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}),
-                ("content_block_start", {"type": "content_block_start", "index": 0,
-                                         "content_block": {"type": "text", "text": ""}}),
-                ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                         "delta": {"type": "text_delta", "text": text}}),
-                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 5},
-                                   "delta": {"stop_reason": "end_turn", "stop_sequence": None}}),
-                ("message_stop", {"type": "message_stop"}),
-            ])  # fmt: skip
-            return
-        users = [
-            i for i in body.get("input", []) if isinstance(i, dict) and i.get("role") == "user"
-        ]
-        text = f"MOCK reply after {len(users)} user message(s)"
-        item = {
-            "type": "message",
-            "id": "msg_1",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
-        self._sse([
-            ("response.created", {"type": "response.created", "response": {"id": "resp_1"}}),
-            ("response.output_item.done", {"type": "response.output_item.done",
-                                           "output_index": 0, "item": item}),
-            ("response.completed", {"type": "response.completed", "response": {
-                "id": "resp_1", "usage": {"input_tokens": 100, "output_tokens": 7,
-                                          "input_tokens_details": {"cached_tokens": 0},
-                                          "output_tokens_details": {"reasoning_tokens": 0},
-                                          "total_tokens": 107}}}),
-        ])  # fmt: skip
+# -- one real turn and its resume, oldest and newest ------------------------------------------
 
 
-@pytest.fixture
-def model_api() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@needs_claude
-def test_a_real_claude_turn_and_its_resume(tmp_path: Path, model_api: str) -> None:
-    env = {
-        "HOME": str(tmp_path / "home"),
-        "ANTHROPIC_BASE_URL": model_api,
-        "ANTHROPIC_API_KEY": "sk-test-not-a-key",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    rt = runtime_for("claude-code", {"binary": CLAUDE, "max_turns": 3, "max_budget_usd": 1.0,
-                                     "allowed_tools": ["Read"], "timeout": 120})  # fmt: skip
-    first = run(rt.run(Turn("--looks like a flag, is a prompt", a, env=env), Sink()))
-    assert first.state == "completed", first
-    assert first.text.startswith("MOCK reply")
-    assert first.usage.get("cost_usd") is not None
-    second = run(rt.run(Turn("again", b, session=first.session, env=env), Sink()))
-    assert second.state == "completed"
-    assert second.session == first.session
-    assert second.path == "resumed"
-
-
-@needs_codex
-def test_a_real_codex_turn_and_its_resume(tmp_path: Path, model_api: str) -> None:
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        'model = "mock-model"\nmodel_provider = "mock"\n'
-        f'[model_providers.mock]\nname = "mock"\nbase_url = "{model_api}/v1"\n'
-        'wire_api = "responses"\nenv_key = "MOCK_KEY"\n'
-    )
-    env = {"HOME": str(tmp_path), "CODEX_HOME": str(home), "MOCK_KEY": "x"}
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    rt = runtime_for("codex", {"binary": CODEX, "timeout": 120})
+def _twice(rt: Any, a: Path, b: Path, env: dict[str, str]) -> tuple[TurnResult, TurnResult]:
     first = run(rt.run(Turn("-- a prompt that looks like a flag", a, env=env), Sink()))
     assert first.state == "completed", first
-    assert first.text.startswith("MOCK reply")
-    assert first.usage["input_tokens"] == 100
     second = run(rt.run(Turn("again", b, session=first.session, env=env), Sink()))
     assert second.state == "completed", second
     assert second.session == first.session
     assert second.path == "resumed"
+    return first, second
+
+
+def _seen(result: TurnResult) -> int:
+    """How many user messages the model saw (what the loopback model answers)."""
+    prefix, _, rest = result.text.partition("MOCK reply after ")
+    assert not prefix, result.text
+    return int(rest.split()[0])
+
+
+def _dirs(tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    return a, b
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_real_claude_turn_and_its_resume(
+    tmp_path: Path, model_api: ModelServer, role: str
+) -> None:
+    claude = need("claude-code", role)
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "ANTHROPIC_BASE_URL": model_api.url,
+        "ANTHROPIC_API_KEY": "sk-test-not-a-key",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    rt = runtime_for("claude-code", {"binary": claude, "max_turns": 3, "max_budget_usd": 1.0,
+                                     "allowed_tools": ["Read"], "timeout": 120})  # fmt: skip
+    assert rt.preflight() == f"Claude Code {pinned('claude-code', role)} at {claude}"  # type: ignore[attr-defined]
+    first, second = _twice(rt, *_dirs(tmp_path), env)
+    assert first.text == "MOCK reply after 1 user message(s)"
+    assert first.usage.get("cost_usd") is not None
+    assert second.text == "MOCK reply after 2 user message(s)"  # the history came along
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_real_codex_turn_and_its_resume(
+    tmp_path: Path, model_api: ModelServer, role: str
+) -> None:
+    codex_cli = need("codex", role)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "mock-model"\nmodel_provider = "mock"\n'
+        f'[model_providers.mock]\nname = "mock"\nbase_url = "{model_api.url}/v1"\n'
+        'wire_api = "responses"\nenv_key = "MOCK_KEY"\n'
+    )
+    env = {"HOME": str(tmp_path), "CODEX_HOME": str(home), "MOCK_KEY": "x"}
+    rt = runtime_for("codex", {"binary": codex_cli, "timeout": 120})
+    first, second = _twice(rt, *_dirs(tmp_path), env)
+    assert _seen(first) >= 1  # Codex sends its environment as a user message of its own
+    assert first.usage["input_tokens"] == USAGE_IN
+    assert _seen(second) > _seen(first)  # the history came along
+
+
+def _pi_env(tmp_path: Path, model_api: ModelServer) -> dict[str, str]:
+    agent = tmp_path / "pi-agent"
+    agent.mkdir()
+    (agent / "models.json").write_text(json.dumps(model_api.pi_models(cost=(3.0, 15.0))))
+    return {"HOME": str(tmp_path), "PI_CODING_AGENT_DIR": str(agent), "MOCK_KEY": "x"}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_real_pi_turn_and_its_resume(tmp_path: Path, model_api: ModelServer, role: str) -> None:
+    pi_cli = need("pi", role)
+    env = _pi_env(tmp_path, model_api)
+    rt = runtime_for("pi", {"binary": pi_cli, "provider": "mock", "model": "mock-model",
+                            "timeout": 120})  # fmt: skip
+    first, second = _twice(rt, *_dirs(tmp_path), env)
+    assert first.text == "MOCK reply after 1 user message(s)"
+    assert first.usage["input_tokens"] == USAGE_IN
+    assert first.usage["output_tokens"] == USAGE_OUT
+    assert first.usage["cost_usd"] == pytest.approx((USAGE_IN * 3.0 + USAGE_OUT * 15.0) / 1e6)
+    assert first.session is not None
+    assert (tmp_path / "pi-agent" / "sessions" / "melchior" / f"{first.session}.jsonl").is_file()
+    assert second.text == "MOCK reply after 2 user message(s)"
+
+
+def test_cancelling_a_real_pi_turn_stops_its_process_tree(tmp_path: Path) -> None:
+    pi_cli = need("pi")
+
+    with serving(lambda body, n: {"hang": True}) as model:
+        env = _pi_env(tmp_path, model)
+
+        async def main() -> int:
+            sink = Sink()
+            rt = runtime_for("pi", {"binary": pi_cli, "provider": "mock", "model": "mock-model",
+                                    "grace": 5})  # fmt: skip
+            task = asyncio.ensure_future(rt.run(Turn("wait for me", tmp_path, env=env), sink))
+            await wait_for(model.arrived.is_set, timeout=120)  # pi is mid-call
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return sink.pid()
+
+        pgid = run(main())
+    assert not group_alive(pgid)
+
+
+# -- a release below the range ----------------------------------------------------------------
+
+
+def test_a_release_below_the_range_is_refused_and_really_lacks_the_flag(tmp_path: Path) -> None:
+    old = need("claude-code", "refused")
+    release, oldest = pinned("claude-code", "refused"), claude_code.SUPPORT.oldest
+    line = f"claude-code needs Claude Code >= {oldest} (found {release} at {old})"
+    rt = runtime_for("claude-code", {"binary": old})
+    with pytest.raises(VersionRefused) as refused:
+        rt.preflight()  # type: ignore[attr-defined]
+    assert str(refused.value) == line
+    turn = run(rt.run(Turn("hi", tmp_path, env={"HOME": str(tmp_path)}), Sink()))
+    assert turn.state == "failed"
+    assert turn.error == line
+    # and the floor is real: the command line the adapter builds is what this release refuses
+    argv = claude_code.build_argv(old, claude_code.ClaudeCodeOptions.parse({}), None, "x")
+    done = subprocess.run(
+        argv, input="hi", capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "unknown option '--permission-prompts'" in done.stderr

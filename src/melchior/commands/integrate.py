@@ -2,14 +2,17 @@
 
   melchior integrate claude-code [--scope user|project|local] [--print]
   melchior integrate codex [--codex-home DIR] [--print]
+  melchior integrate pi [--scope user|project] [--print]
 
 Claude Code: the bridge as an MCP server ('claude mcp add', which needs the claude CLI
 on PATH) and its hooks (UserPromptSubmit, PreToolUse, PostToolUse, Stop) in the settings
 file of the same scope. Codex: [mcp_servers.melchior], [features] hooks = true and the
 notify program in $CODEX_HOME/config.toml, and the hooks in $CODEX_HOME/hooks.json.
-Existing servers and hooks of others are kept; running it twice changes nothing; a
-setting it would have to overwrite stops it with the reason. --print shows what would
-be written and touches nothing. See docs/integrations.md."""
+pi: the plane's extension (the tools send_to and team, each running 'melchior tool')
+in $PI_CODING_AGENT_DIR/extensions/melchior/ (default ~/.pi/agent), or .pi/extensions/
+with --scope project. Existing servers and hooks of others are kept; running it twice
+changes nothing; a setting it would have to overwrite stops it with the reason.
+--print shows what would be written and touches nothing. See docs/integrations.md."""
 
 from __future__ import annotations
 
@@ -20,19 +23,22 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("agent", choices=("claude-code", "codex"), help="the coding agent")
+    parser.add_argument("agent", choices=("claude-code", "codex", "pi"), help="the coding agent")
     parser.add_argument("--print", action="store_true", help="print the configuration only")
     parser.add_argument(
         "--scope",
         choices=("user", "project", "local"),
         default="user",
         help="Claude Code: user (default: every session, kept outside working trees), "
-        "project (.mcp.json and .claude/settings.json, shared) or local (this directory)",
+        "project (.mcp.json and .claude/settings.json, shared) or local (this directory); "
+        "pi: user (~/.pi/agent/extensions) or project (.pi/extensions)",
     )
     parser.add_argument(
         "--codex-home", metavar="DIR", help="Codex's home (default: $CODEX_HOME or ~/.codex)"
     )
-    parser.add_argument("--name", default="melchior", help="the MCP server's name (melchior)")
+    parser.add_argument(
+        "--name", default="melchior", help="the MCP server's (pi: the extension's) name (melchior)"
+    )
     parser.add_argument(
         "--as", dest="as_agent", metavar="AGENT", help="the bridge calls the relay as this agent"
     )
@@ -67,6 +73,10 @@ def run(ns: argparse.Namespace) -> int:
                 name=ns.name,
                 mcp_args=mcp_args,
                 base=base,
+            )
+        elif ns.agent == "pi":
+            plan = plans.pi_plan(
+                scope=ns.scope, env=os.environ, home=home, cwd=Path.cwd(), name=ns.name, base=base
             )
         else:
             codex_home = Path(ns.codex_home or os.environ.get("CODEX_HOME") or home / ".codex")

@@ -6,7 +6,7 @@
   melchior plane status PLANE.toml [--json] each agent's turns, cost, ceiling and questions
 
 PLANE.toml lists [[agents]] with id, description, talksTo, runtime (command,
-claude-code, codex, a2a, provider), options, workspace and ceiling (turns, cost_usd);
+claude-code, codex, pi, a2a, provider), options, workspace and ceiling (turns, cost_usd);
 see docs/plane.md. State (doors, held notes, the log, hops, ceilings spent) is kept in
 SQLite beside it and survives a restart.
 
@@ -83,7 +83,14 @@ def run(ns: argparse.Namespace) -> int:
     import asyncio
 
     from melchior.plane.state import StateBusy
+    from melchior.runtimes import RuntimeConfigError, preflight
 
+    for agent in config.agents:  # a coding agent's CLI out of range: say so before any turn
+        try:
+            preflight([agent.runtime], {agent.runtime: agent.options})
+        except RuntimeConfigError as exc:
+            print(f"melchior plane: {agent.id}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
     try:
         if ns.headless:
             return asyncio.run(headless(config, sys.stdin, sys.stdout, serve=ns.serve))

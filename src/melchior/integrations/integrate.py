@@ -11,6 +11,10 @@ Claude Code
     local scope live in ``~/.claude.json``, outside any working tree; project scope is
     ``.mcp.json``), and the hooks (``UserPromptSubmit``, ``PreToolUse``, ``PostToolUse``,
     ``Stop``) in the settings file of the same scope.
+pi
+    the plane's extension (``send_to`` and ``team``, a TypeScript file shipped in this
+    package as data) in pi's extensions directory, with a ``melchior.json`` beside it
+    naming the melchior executable its tools run.
 Codex
     ``[mcp_servers.NAME]`` (its tools approved, since ``codex exec`` never asks, and the
     variables the bridge needs passed through: Codex gives servers almost none),
@@ -35,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-AGENTS = ("claude-code", "codex")
+AGENTS = ("claude-code", "codex", "pi")
 SCOPES = ("user", "project", "local")
 HOOK_EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
 """Hooks both agents get; PreToolUse and PostToolUse match every tool."""
@@ -296,6 +300,65 @@ def codex_plan(
         notes=(
             "Codex runs hooks only once they are trusted: start codex and review them with "
             "/hooks, or pass --dangerously-bypass-hook-trust to codex exec.",
+        ),
+    )
+
+
+# -- pi ---------------------------------------------------------------------------------------
+
+PI_SCOPES = ("user", "project")
+PI_MARK = "melchior's plane tools for pi"
+"""A line of the shipped extension: an ``index.ts`` without it is somebody else's."""
+
+
+def pi_extension() -> str:
+    """The extension's source, as shipped in this package."""
+    from importlib.resources import files
+
+    return (files("melchior.integrations") / "pi_extension" / "index.ts").read_text("utf-8")
+
+
+def pi_extensions_dir(scope: str, env: Mapping[str, str], home: Path, cwd: Path) -> Path:
+    """Where pi discovers extensions: ``$PI_CODING_AGENT_DIR/extensions`` (default
+    ``~/.pi/agent/extensions``) for every project, ``.pi/extensions`` for this one."""
+    if scope == "project":
+        return cwd / ".pi" / "extensions"
+    agent = env.get("PI_CODING_AGENT_DIR")
+    return (Path(agent).expanduser() if agent else home / ".pi" / "agent") / "extensions"
+
+
+def pi_plan(
+    *, scope: str, env: Mapping[str, str], home: Path, cwd: Path, name: str, base: Sequence[str]
+) -> Plan:
+    if scope not in PI_SCOPES:
+        raise IntegrateError(f"for pi the scope is one of {', '.join(PI_SCOPES)}")
+    folder = pi_extensions_dir(scope, env, home, cwd) / name
+    index, config = folder / "index.ts", folder / "melchior.json"
+    try:
+        present = index.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        present = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntegrateError(f"cannot read {index}: {exc}") from None
+    if present is not None and PI_MARK not in present:
+        raise IntegrateError(
+            f"{index} is another extension, not melchior's; move it, or integrate under "
+            "another --name"
+        )
+    source = pi_extension()
+    command = json.dumps({"command": list(base)}, indent=2) + "\n"
+    shown = (
+        f"# pi: the plane's extension (send_to and team), discovered by pi from {folder}\n"
+        f"# {index}: the extension shipped with melchior ({len(source.splitlines())} lines)\n"
+        f"# {config}: how its tools run melchior\n{command}"
+    )
+    return Plan(
+        files=((index, source), (config, command)),
+        commands=(),
+        shown=shown,
+        notes=(
+            'pi offers send_to and team only inside a plane turn (runtime = "pi" in '
+            "PLANE.toml); elsewhere the extension registers nothing.",
         ),
     )
 

@@ -18,7 +18,7 @@ than on the first turn::
     id = "planner"
     description = "plans the work"
     talksTo = ["ledger"]
-    runtime = "command"              # command | claude-code | codex | a2a | provider
+    runtime = "command"              # command | claude-code | codex | pi | a2a | provider
     options = { argv = ["python3", "/srv/agents/planner.py"] }
     ceiling = { turns = 50, cost_usd = 2.0 }
 """

@@ -29,7 +29,7 @@ from collections.abc import Set
 
 from melchior.policy.decision import Decision, allow, refuse
 
-ADAPTERS = ("command", "claude-code", "codex", "a2a", "provider")
+ADAPTERS = ("command", "claude-code", "codex", "pi", "a2a", "provider")
 SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,255}\Z")
 PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MAX_CWD = 4096

@@ -1,4 +1,4 @@
-"""Runtime adapters: how one turn of one agent runs (command, claude-code, codex, a2a).
+"""Runtime adapters: how one turn of one agent runs (command, claude-code, codex, pi, a2a…).
 
 Shared by the plane and the mellan receiver: "run one turn of this agent with this
 input, bound to this session, cancellable". Start at :mod:`melchior.runtimes.base` for
@@ -19,7 +19,13 @@ from melchior.runtimes.base import (
     TurnResult,
     text_artifact,
 )
-from melchior.runtimes.registry import ADAPTERS, AdapterFactory, route_rules, runtime_for
+from melchior.runtimes.registry import (
+    ADAPTERS,
+    AdapterFactory,
+    preflight,
+    route_rules,
+    runtime_for,
+)
 
 __all__ = [
     "ADAPTERS",
@@ -34,6 +40,7 @@ __all__ = [
     "RuntimeConfigError",
     "Turn",
     "TurnResult",
+    "preflight",
     "route_rules",
     "runtime_for",
     "text_artifact",

@@ -72,6 +72,7 @@ from melchior.runtimes.process import (
     read_limits,
     run_process,
 )
+from melchior.runtimes.versions import Support, Version, shape
 
 NAME = "claude-code"
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "manual", "dontAsk", "plan")
@@ -135,6 +136,17 @@ _REFUSALS = re.compile(
 )
 _SUMMARY_KEYS = ("description", "command", "file_path", "path", "pattern", "url", "prompt")
 
+SUPPORT = Support(
+    adapter=NAME,
+    product="Claude Code",
+    oldest=Version("2.1.259"),
+    reason="the first release with --permission-prompts (2.1.258 refuses it as an unknown "
+    "option), which the unattended profile always passes",
+    shape=shape(r"^\s*{v} \(Claude Code\)"),
+)
+"""The releases this adapter drives: every flag and choice it passes is in 2.1.259 and
+later (checked against the real CLIs, oldest and newest, by tests/test_runtimes_real_clis.py)."""
+
 
 @dataclass(frozen=True)
 class ClaudeCodeOptions:
@@ -162,7 +174,7 @@ class ClaudeCodeOptions:
     def parse(cls, raw: Mapping[str, Any]) -> ClaudeCodeOptions:
         r = OptionReader(NAME, raw, OPTIONS)
         prompts: str | None = DEFAULT_PERMISSION_PROMPTS
-        if "permission_prompts" in raw:  # null leaves the flag out (older CLIs lack it)
+        if "permission_prompts" in raw:  # null leaves the flag out (print mode's own default)
             prompts = r.opt_text("permission_prompts", choices=("host", "none"))
         opts = cls(
             binary=r.text("binary", "claude"),
@@ -406,6 +418,19 @@ class ClaudeCodeRuntime:
         self.config = dict(config or {})
         ClaudeCodeOptions.parse(self.config)
 
+    def preflight(self) -> str:
+        """What the first turn would find, checked at start-up: the configured binary is
+        there and a release this adapter drives (else :class:`RuntimeConfigError`)."""
+        opts = ClaudeCodeOptions.parse(self.config)
+        env = compose_env(opts.env)
+        program = find_program(opts.binary, env)
+        if program is None:
+            raise RuntimeConfigError(
+                f"{NAME}: {opts.binary} was not found (PATH={env.get('PATH', '')}); "
+                "install Claude Code or set the binary option"
+            )
+        return f"Claude Code {SUPPORT.check(program, env=env)} at {program}"
+
     async def run(self, turn: Turn, emit: Emit) -> TurnResult:
         try:
             opts = ClaudeCodeOptions.parse(layered(self.config, turn.options))
@@ -495,6 +520,10 @@ class ClaudeCodeRuntime:
                 "install Claude Code or set the binary option",
                 path=path,
             )
+        try:
+            await asyncio.to_thread(SUPPORT.check, program, env=env)
+        except RuntimeConfigError as exc:
+            return failed(str(exc), path=path)
         stream = _Stream(emit)
 
         async def on_start(pid: int) -> None:

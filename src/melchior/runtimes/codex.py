@@ -27,6 +27,7 @@ warnings and are not fatal; ``turn.failed`` is. A stream that ends without
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -59,6 +60,7 @@ from melchior.runtimes.process import (
     read_limits,
     run_process,
 )
+from melchior.runtimes.versions import Since, Support, Version, shape
 
 NAME = "codex"
 SANDBOXES = ("read-only", "workspace-write", "danger-full-access")
@@ -95,6 +97,18 @@ _REFUSALS = re.compile(
     r"no rollout found|unexpected argument|invalid value|Not inside a trusted directory|"
     r"a value is required"
 )
+
+SUPPORT = Support(
+    adapter=NAME,
+    product="Codex",
+    oldest=Version("0.44.0"),
+    reason="the first release whose exec --json prints the thread.started, item.* and "
+    "turn.* events read here (0.42.0 prints an older format and no turn.completed)",
+    shape=shape(r"^codex-cli {v}"),
+    since=(Since("add_dirs", "--add-dir", Version("0.59.0")),),
+)
+"""The releases this adapter drives (checked against the real CLIs, oldest and newest, by
+tests/test_runtimes_real_clis.py); ``add_dirs`` needs ``exec --add-dir``, new in 0.59.0."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,11 @@ class CodexOptions:
         if opts.extra_args and not opts.extra_args[0].startswith("-"):
             raise RuntimeConfigError(f"{NAME}: option extra_args must start with a flag")
         return opts
+
+
+def _in_use(opts: CodexOptions) -> tuple[str, ...]:
+    """The options set whose flags some supported releases lack (see SUPPORT.since)."""
+    return ("add_dirs",) if opts.add_dirs else ()
 
 
 def build_argv(program: str, opts: CodexOptions, cwd: str, thread: str | None) -> list[str]:
@@ -262,6 +281,19 @@ class CodexRuntime:
         self.config = dict(config or {})
         CodexOptions.parse(self.config)
 
+    def preflight(self) -> str:
+        """What the first turn would find, checked at start-up: the configured binary is
+        there and a release this adapter drives (else :class:`RuntimeConfigError`)."""
+        opts = CodexOptions.parse(self.config)
+        env = compose_env(opts.env)
+        program = find_program(opts.binary, env)
+        if program is None:
+            raise RuntimeConfigError(
+                f"{NAME}: {opts.binary} was not found (PATH={env.get('PATH', '')}); "
+                "install Codex or set the binary option"
+            )
+        return f"Codex {SUPPORT.check(program, _in_use(opts), env)} at {program}"
+
     async def run(self, turn: Turn, emit: Emit) -> TurnResult:
         path = "resumed" if turn.session else "new"
         try:
@@ -278,6 +310,10 @@ class CodexRuntime:
                 "install Codex or set the binary option",
                 path=path,
             )
+        try:
+            await asyncio.to_thread(SUPPORT.check, program, _in_use(opts), env)
+        except RuntimeConfigError as exc:
+            return failed(str(exc), path=path)
         await emit(
             Progress(
                 "status",

@@ -12,7 +12,7 @@ with each of its options (:mod:`melchior.policy.route_options`), read by the rec
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -26,6 +26,7 @@ _MODULES: Mapping[str, tuple[str, str]] = MappingProxyType(
         "command": ("melchior.runtimes.command", "CommandRuntime"),
         "claude-code": ("melchior.runtimes.claude_code", "ClaudeCodeRuntime"),
         "codex": ("melchior.runtimes.codex", "CodexRuntime"),
+        "pi": ("melchior.runtimes.pi", "PiRuntime"),
         "a2a": ("melchior.runtimes.a2a", "A2ARuntime"),
         "provider": ("melchior.runtimes.provider", "ProviderRuntime"),
     }
@@ -70,3 +71,25 @@ def runtime_for(name: str, config: Mapping[str, Any] | None = None) -> Runtime:
     if config is not None and not isinstance(config, Mapping):
         raise RuntimeConfigError(f"{name}: options must be a mapping, got {type(config).__name__}")
     return factory(config or {})
+
+
+CLI_ADAPTERS = frozenset({"claude-code", "codex", "pi"})
+"""The adapters that drive a coding agent's CLI, whose release they check at start-up."""
+
+
+def preflight(
+    names: Iterable[str], configs: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[str]:
+    """Check, when a receiver or a plane starts, what the first turn of each adapter in
+    ``names`` would find: its CLI installed, and a release the adapter drives. Returns
+    one line per CLI for the start-up log (``Claude Code 2.1.332 at /usr/bin/claude``);
+    raises :class:`RuntimeConfigError` with the one line that says what is needed.
+    ``configs`` are the adapters' local options (a route may still name another binary:
+    that one is checked on its turn)."""
+    found = []
+    for name in sorted(set(names) & CLI_ADAPTERS):
+        runtime = runtime_for(name, (configs or {}).get(name))
+        check = getattr(runtime, "preflight", None)
+        if callable(check):
+            found.append(str(check()))
+    return found

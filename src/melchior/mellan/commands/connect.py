@@ -8,6 +8,7 @@ runs to approve it; nothing runs until then.
 Kinds:
   claude-code  resume the bound Claude Code session (--session, --cwd) unattended
   codex        resume the bound Codex thread (--session, --cwd) unattended
+  pi           resume the bound pi session (--session: the id the adapter gave it, --cwd)
   hermes       forward to Hermes' loopback A2A server (the a2a adapter; --option card_url=…
                to change its default http://127.0.0.1:8645/.well-known/agent-card.json)
   provider     a fresh model run per task (no session)
@@ -42,6 +43,7 @@ from melchior.mellan.commands._common import (
 KINDS = {
     "claude-code": "claude-code",
     "codex": "codex",
+    "pi": "pi",
     "hermes": "a2a",
     "provider": "provider",
     "command": "command",

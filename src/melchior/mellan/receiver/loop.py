@@ -41,6 +41,7 @@ from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import Report, Spool
 from melchior.mellan.receiver.status import Board
 from melchior.mellan.receiver.wake import WakeError, serve_wake
+from melchior.runtimes import RuntimeConfigError, preflight
 
 EXIT_OK = 0
 EXIT_REVOKED = 77
@@ -114,6 +115,12 @@ class Receiver:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
         try:
+            try:  # the coding agents' CLIs first: a release out of range is a config error
+                local = self.config.allow.adapters, self.config.adapters
+                clis = await asyncio.to_thread(preflight, *local)
+            except RuntimeConfigError as exc:
+                self.say(f"cannot start: {exc}")
+                return EXIT_CONFIG
             try:
                 me = await self.client.whoami()
             except ReceiverError as exc:
@@ -136,6 +143,7 @@ class Receiver:
                 f"receiver for {self.board.agent} on {self.config.relay} (pid {os.getpid()}, "
                 f"{self.config.concurrency} at a time, adapters "
                 f"{', '.join(sorted(self.config.allow.adapters)) or 'none'})"
+                + "".join(f"; {cli}" for cli in clis)
             )
             for notice in self.config.notices:
                 self.say(notice)

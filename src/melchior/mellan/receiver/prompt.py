@@ -8,7 +8,7 @@ the follow-up text alone; a fresh run remembers nothing, so its prompt carries t
 earlier turns too.
 
 The caller's words are data, not orders. For adapters that hand the prompt to a model
-(``claude-code``, ``codex``, ``provider``) every piece of peer text — the caller's
+(``claude-code``, ``codex``, ``pi``, ``provider``) every piece of peer text — the caller's
 messages, and earlier answers as the relay recorded them — is fenced with
 :meth:`melchior.envelope.Message.fenced` (a random marker the text cannot forge, and who
 wrote it). A ``command`` is a program, not a model: it gets the caller's text as it is,
@@ -27,7 +27,7 @@ from typing import Any
 from melchior.a2a_envelope import from_a2a, text_of
 from melchior.envelope import Message
 
-MODEL_ADAPTERS = frozenset({"claude-code", "codex", "provider"})
+MODEL_ADAPTERS = frozenset({"claude-code", "codex", "pi", "provider"})
 """Adapters whose prompt a model reads: peer text is fenced for them."""
 
 HISTORY_ENV_LIMIT = 64 * 1024
