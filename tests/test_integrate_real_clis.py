@@ -94,6 +94,7 @@ def world(tmp_path: Path, runtime_dir: Path) -> dict[str, Any]:
     home.mkdir()
     proj.mkdir()
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / "src").mkdir()  # a second workdir inside the project (Codex's harmless call)
     env = {
         "HOME": str(home),
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
