@@ -85,3 +85,47 @@ def run_bash(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return Ran(proc.returncode, out, err)
+
+
+# A block that is a template for the reader's own machine (their certificates, their
+# systemd, their database host), or one that runs part of this project's own suite, says
+# so on the line before its fence; tests/test_doc_blocks.py checks it as such.
+MARK = re.compile(r"<!-- doc-block: (template|suite): (.+?) -->")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``sh`` block: where it is, its text, and how it is checked."""
+
+    doc: str  # as sh_blocks names it: relative to docs/ ("../README.md" for the README)
+    heading: str  # the ``## `` section it is under, as sh_blocks takes it
+    text: str
+    kind: str  # "run" (a test runs it), "template" or "suite"
+    reason: str
+
+
+def every_sh_block() -> list[Block]:
+    """Every ``sh`` block of docs/ and the README, with the section it is under."""
+    paths = [*sorted(DOCS.rglob("*.md")), DOCS.parent / "README.md"]
+    found: list[Block] = []
+    for path in paths:
+        doc = "../README.md" if path.parent == DOCS.parent else path.relative_to(DOCS).as_posix()
+        heading, fence, mark = "", "", ("run", "")
+        body: list[str] = []
+        previous = ""
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if fence:
+                if line.startswith("```"):
+                    if fence == "sh":
+                        found.append(Block(doc, heading, "\n".join(body) + "\n", *mark))
+                    fence = ""
+                else:
+                    body.append(line)
+            elif line.startswith("```"):
+                fence, body = line[3:].strip() or "text", []
+                marked = MARK.fullmatch(previous.strip())
+                mark = (marked.group(1), marked.group(2)) if marked else ("run", "")
+            elif line.startswith("## "):
+                heading = line[3:].strip()
+            previous = line
+    return found
