@@ -275,3 +275,41 @@ def test_notify_wakeups_vs_poll_pickups(db_url: str) -> None:
         )
         assert picked == 1  # (immediate if the send won the race to the first read)
         assert value(m, "mellan_claim_pickups_total", via="notify") == 1
+
+
+def test_a_send_during_the_claims_read_wakes_it(db_url: str) -> None:
+    """The one-second stall: a send that commits while the long-poll's store read is in
+    its worker thread must still wake that long-poll. The read is made to lose the race
+    every time (the send commits, and its wake-up is published, before the empty read
+    returns); the poll interval is longer than the wait, so only the wake-up can pick
+    the task up ``via="notify"`` — a lost one leaves it to the read at the deadline
+    (``via="poll"``)."""
+    import threading
+
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        store = server.store
+        real_claim = store.claim
+        raced: list[int] = []
+
+        def claim_losing_the_race(*args: Any, **kwargs: Any) -> Any:
+            leases = real_claim(*args, **kwargs)
+            if not leases and not raced:
+                sender = threading.Thread(
+                    target=lambda: raced.append(send(server, world).status_code)
+                )
+                sender.start()
+                sender.join()
+            return leases
+
+        store.claim = claim_losing_the_race  # type: ignore[method-assign]
+        try:
+            got = receiver(server, world, "/claim", {"limit": 1, "wait": 5})
+        finally:
+            del store.claim
+        assert raced == [200]
+        assert len(got["leases"]) == 1
+        m = scrape(server, world.tokens["owner"])
+        assert value(m, "mellan_claim_pickups_total", via="notify") == 1
+        assert value(m, "mellan_claim_pickups_total", via="poll") == 0
+        assert value(m, "mellan_receiver_wakeups_total", cause="poll") == 0
