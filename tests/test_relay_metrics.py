@@ -275,3 +275,91 @@ def test_notify_wakeups_vs_poll_pickups(db_url: str) -> None:
         )
         assert picked == 1  # (immediate if the send won the race to the first read)
         assert value(m, "mellan_claim_pickups_total", via="notify") == 1
+
+
+def test_a_send_during_the_claims_read_wakes_it(db_url: str) -> None:
+    """The one-second stall: a send that commits while the long-poll's store read is in
+    its worker thread must still wake that long-poll. The read is made to lose the race
+    every time (the send commits, and its wake-up is published, before the empty read
+    returns); the poll interval is longer than the wait, so only the wake-up can pick
+    the task up ``via="notify"`` — a lost one leaves it to the read at the deadline
+    (``via="poll"``)."""
+    import threading
+
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        store = server.store
+        real_claim = store.claim
+        raced: list[int] = []
+
+        def claim_losing_the_race(*args: Any, **kwargs: Any) -> Any:
+            leases = real_claim(*args, **kwargs)
+            if not leases and not raced:
+                sender = threading.Thread(
+                    target=lambda: raced.append(send(server, world).status_code)
+                )
+                sender.start()
+                sender.join()
+            return leases
+
+        store.claim = claim_losing_the_race  # type: ignore[method-assign]
+        try:
+            got = receiver(server, world, "/claim", {"limit": 1, "wait": 5})
+        finally:
+            del store.claim
+        assert raced == [200]
+        assert len(got["leases"]) == 1
+        m = scrape(server, world.tokens["owner"])
+        assert value(m, "mellan_claim_pickups_total", via="notify") == 1
+        assert value(m, "mellan_claim_pickups_total", via="poll") == 0
+        assert value(m, "mellan_receiver_wakeups_total", cause="poll") == 0
+
+
+def test_a_record_written_during_the_audit_read_wakes_the_long_poll(db_url: str) -> None:
+    """The audit long-poll's form of the same race: a record committed while the empty
+    read is in its worker thread wakes the waiter (its future turns True) instead of
+    leaving the poll to time out and read again."""
+    import threading
+
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        store, notifier = server.store, server.notifier
+        real_read, real_listen = store.audit_since, notifier.listen
+        wrote: list[int] = []
+        woken: list[bool] = []
+
+        def read_losing_the_race(*args: Any, **kwargs: Any) -> Any:
+            records = real_read(*args, **kwargs)
+            if not records and not wrote:
+                writer = threading.Thread(
+                    target=lambda: wrote.append(
+                        store.audit(WS, "test", "test.race", "x", True, "ok", "a record")
+                    )
+                )
+                writer.start()
+                writer.join()
+            return records
+
+        def listen(topic: str, timeout: float) -> Any:
+            fut = real_listen(topic, timeout)
+            if topic.startswith("audit:"):
+                fut.add_done_callback(lambda f: woken.append(not f.cancelled() and f.result()))
+            return fut
+
+        owner = {"Authorization": f"Bearer {world.tokens['owner']}"}
+        last = httpx.get(f"{server.url}/api/audit", headers=owner, params={"limit": 1000})
+        after = last.json()["next"]
+        store.audit_since = read_losing_the_race  # type: ignore[method-assign]
+        notifier.listen = listen  # type: ignore[method-assign]
+        try:
+            got = httpx.get(
+                f"{server.url}/api/audit",
+                headers=owner,
+                params={"after": after, "wait": 5},
+                timeout=30,
+            ).json()
+        finally:
+            del store.audit_since, notifier.listen
+        assert len(wrote) == 1
+        assert [r["action"] for r in got["records"]] == ["test.race"]
+        assert True in woken

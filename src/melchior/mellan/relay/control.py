@@ -318,11 +318,17 @@ async def audit(request: Request) -> Response:
     deadline = loop.time() + wait
     topic = audit_topic(me.workspace)
     while True:
-        records = await relay.call(relay.store.audit_since, me.workspace, after, limit)
+        # armed before the read, so a record written during the read still wakes us
         remaining = deadline - loop.time()
-        if records or remaining <= 0 or relay.closing or await request.is_disconnected():
-            break
-        await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        waiter = relay.notifier.listen(topic, max(0.0, min(remaining, relay.poll_interval)))
+        try:
+            records = await relay.call(relay.store.audit_since, me.workspace, after, limit)
+            remaining = deadline - loop.time()
+            if records or remaining <= 0 or relay.closing or await request.is_disconnected():
+                break
+            await waiter
+        finally:
+            waiter.cancel()
     last = records[-1].seq if records else after
     return JSON({"records": [audit_view(r) for r in records], "next": last})
 

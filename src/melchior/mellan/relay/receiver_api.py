@@ -148,7 +148,10 @@ async def claim(request: Request) -> Response:
     """Lease runnable tasks, waiting up to ``wait`` seconds for one to appear.
 
     The wait is a loop of store reads woken early by the notifier: a wake-up only saves
-    latency, the periodic read is what guarantees queued work is found.
+    latency, the periodic read is what guarantees queued work is found. Each read's
+    waiter is armed *before* the read: a send that commits while the read is in its
+    worker thread publishes to a waiter already listening, instead of to nobody — which
+    left the task for the next periodic read, a whole ``poll_interval`` (1 s) later.
     """
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -165,21 +168,31 @@ async def claim(request: Request) -> Response:
     via = "immediate"  # how the read that finds work was prompted (metrics)
     while True:
         asked = loop.time()
-        leases = await relay.call(
-            relay.store.claim,
-            me.workspace,
-            me.subject,
-            owner,
-            limit=limit,
-            lease_seconds=lease_seconds,
-            actor=actor(me),
+        remaining = deadline - asked
+        waiter = (
+            relay.notifier.listen(topic, min(remaining, relay.poll_interval))
+            if remaining > 0
+            else None
         )
-        remaining = deadline - loop.time()
-        if leases or remaining <= 0 or relay.closing:
-            break
-        if await request.is_disconnected():
-            return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
-        woken = await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
+        try:
+            leases = await relay.call(
+                relay.store.claim,
+                me.workspace,
+                me.subject,
+                owner,
+                limit=limit,
+                lease_seconds=lease_seconds,
+                actor=actor(me),
+            )
+            remaining = deadline - loop.time()
+            if leases or remaining <= 0 or relay.closing or waiter is None:
+                break
+            if await request.is_disconnected():
+                return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
+            woken = await waiter
+        finally:
+            if waiter is not None:
+                waiter.cancel()
         via = "notify" if woken else "poll"
         relay.metrics.wakeups.inc(cause=via)
     if leases:
