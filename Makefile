@@ -3,6 +3,7 @@
 #               PORT=… HOST=… pass --port/--host)
 #   make demo   the whole system working on a throwaway relay (mellan demo), Ctrl-C ends it
 #   make test   create .venv if needed, install with test extras, run the whole suite
+#               (on two processes; PYTEST_WORKERS=0 for one, PYTEST_ARGS=… for pytest)
 #   make clis   the real coding-agent CLIs the tests drive (scripts/cli-pins), with npm
 #   make bump-clis        move the pinned newest CLIs to npm's latest releases
 #   make test-streaming   only the provider SSE/HTTP boundary tests (no credentials)
@@ -47,9 +48,13 @@ clis: $(STAMP)
 bump-clis: $(STAMP)
 	$(BIN)/python scripts/clis.py bump
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist); every test has ports,
+# databases and runtime directories of its own. PYTEST_WORKERS=0 runs it in this one.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP) js-sdk clis
 	A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) MELCHIOR_CLI_DIR=$(abspath $(CLI_DIR)) \
-		$(BIN)/pytest $(PYTEST_ARGS)
+		$(BIN)/pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) $(PYTEST_ARGS)
 
 # The provider boundary alone: SSE parser partitions and local-HTTP fixtures, no credentials.
 test-streaming: $(STAMP)
