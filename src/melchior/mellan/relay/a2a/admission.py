@@ -274,7 +274,8 @@ async def within_limits(
     """:func:`decide`, then the caller's send rate (refused: audited ``quota.refused``,
     :class:`QuotaExceeded`, nothing stored); a new task leaves with the caps the enqueue
     transaction counts (the caller's unfinished tasks at the receiver, the receiver's
-    queue). A resend of a message already taken is answered without a token."""
+    queue). A resend of a message already taken is answered without a token, even when
+    the caller is over its rate."""
     decided = await decide(relay, caller, req)
     if isinstance(decided, Task):
         return decided
@@ -282,6 +283,12 @@ async def within_limits(
     mine = await _limits_of(relay, workspace, sender)
     took = relay.limits.take(workspace, sender, mine)
     if not took.decision:
+        # A resend costs nothing (it queues no work): it gets its stored task back whatever
+        # the caller's rate, as it is exempt from the caps. Read only when over the rate,
+        # so a send within it pays no store read for this.
+        resent = await relay.call(resend_of, relay.store, caller, req)
+        if resent is not None:
+            return resent
         detail = {
             "messageId": req.message.get("messageId"),
             "limit": RATE,
