@@ -95,9 +95,9 @@ def _url(v: str) -> str | None:
 
 
 def _database(v: str) -> str | None:
-    if "://" in v and not v.startswith(("sqlite://", "postgresql://", "postgres://")):
-        return "must be sqlite:///PATH, postgresql://… or a file path"
-    return None
+    from melchior.mellan.relay.store.dburl import problem  # the one parser of the URL
+
+    return problem(v)
 
 
 def _log_format(v: str) -> str | None:
