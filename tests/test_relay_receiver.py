@@ -211,6 +211,33 @@ def test_long_poll_claim_wakes_when_work_arrives(relay: RelayProc, store: Store)
     assert [g.task_id for g in got] == [task_id]
 
 
+def test_a_long_poll_whose_receiver_died_leases_nothing(relay: RelayProc, store: Store) -> None:
+    """A receiver killed while its claim waits: the work that arrives next is not leased
+    to the dead connection (it would run out and count as an attempt), so the receiver
+    that comes back gets it as attempt 1."""
+    _, ops = setup_pair(relay)
+    host, port = relay.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = json.dumps({"wait": 60})
+    headers = {"authorization": f"Bearer {ops}", "content-type": "application/json"}
+    conn.request("POST", "/api/receiver/claim", body, headers)
+    with relay.owner() as c:  # served after the long-poll above was read
+        ok(c.get("/healthz"))
+    assert conn.sock is not None
+    conn.sock.close()  # the receiver is gone: its connection closes under the long-poll
+    task_id = enqueue(store)
+    # The dead long-poll reads the store again at least once a poll interval (1 s): wait
+    # for that read to have happened, then for the task to be as we assert it.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert task(relay, task_id)["state"] == "queued"
+        time.sleep(0.1)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc, wait=5)
+    assert lease.task_id == task_id
+    assert task(relay, task_id)["attempt"] == 1
+
+
 def test_receiver_api_is_limited_to_the_agents_own_tasks(relay: RelayProc, store: Store) -> None:
     codex, ops = setup_pair(relay)
     task_id = enqueue(store)

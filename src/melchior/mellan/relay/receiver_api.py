@@ -164,6 +164,12 @@ async def claim(request: Request) -> Response:
     deadline = loop.time() + wait
     via = "immediate"  # how the read that finds work was prompted (metrics)
     while True:
+        # Checked before every read that may lease, not only before waiting: a receiver
+        # that died while its long-poll waited (killed, cable pulled) would otherwise be
+        # handed the next task it is woken for — a lease nobody holds, which runs out and
+        # is counted as one more attempt (the task's real run would see attempt + 1).
+        if await request.is_disconnected():
+            return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
         asked = loop.time()
         leases = await relay.call(
             relay.store.claim,
@@ -177,8 +183,6 @@ async def claim(request: Request) -> Response:
         remaining = deadline - loop.time()
         if leases or remaining <= 0 or relay.closing:
             break
-        if await request.is_disconnected():
-            return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
         woken = await relay.notifier.wait(topic, min(remaining, relay.poll_interval))
         via = "notify" if woken else "poll"
         relay.metrics.wakeups.inc(cause=via)
