@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from melchior import tomlfile
 from melchior.policy.send_limits import DEFAULTS
 
 ENV_PREFIX = "MELLAN_"
@@ -343,14 +343,13 @@ def _from_env(s: Setting, raw: str) -> Any:
 def load_file(path: Path) -> dict[str, Any]:
     """The settings a TOML file sets, typed and checked against the table."""
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        data = tomlfile.read(path)  # bounded: every unreadable file is one line, exit 2
     except FileNotFoundError:
         raise SettingsError(f"config file {path} does not exist") from None
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+    except tomlfile.TomlFileError as exc:
+        raise SettingsError(str(exc)) from None
     return {k: _from_file(BY_KEY[k], v, path) for k, v in _flatten(data, str(path)).items()}
 
 
