@@ -355,3 +355,39 @@ def test_batched_renew_and_complete_answer_each_item_as_one_by_one(
             assert "leases" in r.text or "epoch" in r.text
     actions = [r["action"] for r in audit(relay) if r["subject"] in ids]
     assert actions.count("task.complete") >= 3
+
+
+def test_a_result_over_max_result_is_refused_at_complete_saying_why(tmp_path: Any) -> None:
+    """The result limit is its own setting, below the body limit: a result over it is
+    refused at complete (413, rule max-result, the sizes named) and nothing is stored;
+    one within it completes. The receiver turns such a refusal into the task's failure
+    with this reason (its reporter's "other 4xx")."""
+    from relay_proc import start_relay
+
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path, "--max-result", "4096")
+    try:
+        _, ops = setup_pair(relay)
+        with relay.owner() as c:
+            c.get("/healthz")
+        from melchior.mellan.relay.store import open_store
+
+        store = open_store(f"sqlite://{tmp_path / 'relay.db'}")
+        try:
+            big, small = enqueue(store), enqueue(store, message_id="m-2")
+        finally:
+            store.close()
+        with ReceiverClient(relay.url, ops) as rc:
+            leases = {lease.task_id: lease for lease in rc.claim(wait=0, limit=2)}
+            text = "x" * 5000  # a 5 KB body: well under max_body, over max_result
+            with pytest.raises(ReceiverError) as refused:
+                rc.complete(big, leases[big].epoch, {"message": {"parts": [{"text": text}]}})
+            assert refused.value.status == 413
+            assert refused.value.code == "result-too-large"
+            assert "at most 4096 bytes" in refused.value.reason
+            assert "max_result" in refused.value.reason
+            ok_ = rc.complete(small, leases[small].epoch, {"message": {"parts": [{"text": "hi"}]}})
+            assert ok_.outcome is Outcome.OK
+        assert task(relay, big)["state"] == "leased"  # nothing stored for the refusal
+        assert task(relay, small)["state"] == "succeeded"
+    finally:
+        relay.stop()

@@ -143,6 +143,11 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="BYTES", check=_positive,
     ),
     Setting(
+        "max_result", int, 8 * 1024 * 1024,
+        "largest task result a receiver may report, in bytes of JSON (refused at complete)",
+        metavar="BYTES", check=_positive,
+    ),
+    Setting(
         "body_timeout", float, 30.0,
         "seconds a client has to send a whole request body (then 408)",
         metavar="SECONDS", check=_body_timeout,
