@@ -391,3 +391,26 @@ def test_a_result_over_max_result_is_refused_at_complete_saying_why(tmp_path: An
         assert task(relay, small)["state"] == "succeeded"
     finally:
         relay.stop()
+
+
+def test_a_big_result_is_read_whole_on_both_bindings(relay: RelayProc, store: Store) -> None:
+    """A result above the size built and encoded on the event loop (the worker-thread
+    path of GetTask) comes back whole, exactly once as the turn's answer in history."""
+    from melchior.mellan.relay.a2a.tasks import INLINE_VIEW
+
+    caller, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    text = "é" * (INLINE_VIEW * 4)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        assert rc.complete(task_id, lease.epoch, {"message": {"parts": [{"text": text}]}}).ok
+    base = f"{relay.url}/a2a/default/private/ops"
+    h = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
+    rest = httpx.get(f"{base}/tasks/{task_id}", headers=h, timeout=60)
+    assert rest.status_code == 200, rest.text
+    rpc = httpx.post(base, headers=h, timeout=60, json={
+        "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}})  # fmt: skip
+    for view in (rest.json(), rpc.json()["result"]):
+        assert view["status"]["state"] == "TASK_STATE_COMPLETED"
+        answers = [m for m in view["history"] if m.get("role") == "ROLE_AGENT"]
+        assert [m["parts"][0]["text"] for m in answers] == [text]
