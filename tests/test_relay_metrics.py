@@ -8,6 +8,8 @@ route templates, never raw paths."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +365,39 @@ def test_a_record_written_during_the_audit_read_wakes_the_long_poll(db_url: str)
         assert len(wrote) == 1
         assert [r["action"] for r in got["records"]] == ["test.race"]
         assert True in woken
+
+
+def test_a_client_gone_mid_body_is_a_normal_end(tmp_path: Path) -> None:
+    """A client that closes its connection halfway through a body: one access-log line
+    with 499, no traceback or error line, and counted as 499, not as a 5xx."""
+    token_file = tmp_path / "metrics.token"
+    token_file.write_text("t" * 40 + "\n")
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path, "--log-format", "json",
+                        "--metrics-token-file", str(token_file))  # fmt: skip
+    try:
+        host, port = relay.url.removeprefix("http://").split(":")
+        for path in ("/api/agents", "/a2a/default/private/ops/message:send"):
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        f"Authorization: Bearer {relay.owner_token}\r\n"
+                        "Content-Length: 100000\r\n\r\n")  # fmt: skip
+                s.sendall(head.encode() + b'{"id": "' + b"a" * 5000)
+                time.sleep(0.3)  # the relay is reading the body when the client goes
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with relay.client("t" * 40) as c:
+                text = c.get("/metrics").text
+            if 'status="499"' in text:
+                break
+            time.sleep(0.1)
+        assert 'status="499"' in text, [ln for ln in text.splitlines() if "status=" in ln]
+        assert 'status="500"' not in text
+    finally:
+        relay.stop()
+    said = "\n".join(relay.lines)
+    assert "Traceback" not in said
+    assert "unexpected error" not in said
+    logged = [json.loads(ln) for ln in relay.lines if ln.startswith("{") and '"logger"' in ln]
+    assert [e for e in logged if e["level"] == "error"] == []
+    gone = {e["route"] for e in logged if e.get("status") == 499}
+    assert {"/api/agents"} <= gone, logged

@@ -211,3 +211,23 @@ def test_cli_limits(db_url: str, limit: str, tmp_path: Any) -> None:
         )
         assert bad.returncode == 2
         assert "rate like 5/s" in bad.stderr
+
+
+def test_resend_over_the_rate_gets_its_stored_task(db_url: str) -> None:
+    """A resend queues nothing, so the rate does not apply to it (as the caps do not): the
+    caller over its rate still gets the task its first send stored; a new message is
+    refused."""
+    with running(db_url, receiver=False) as (server, world, _):
+        set_limits(server, world, CALLER, send_rate=0.001, burst=1)
+        body = {
+            "message": message("hello", metadata={"capability": CAPS[0]}),
+            "configuration": {"returnImmediately": True},
+        }
+        auth = {"Authorization": f"Bearer {world.tokens['caller']}"}
+        first = httpx.post(f"{server.base()}/message:send", json=body, headers={**H, **auth})
+        assert first.status_code == 200, first.text
+        assert send_rest(server, world).status_code == 429  # the rate is spent
+        again = httpx.post(f"{server.base()}/message:send", json=body, headers={**H, **auth})
+        assert again.status_code == 200, again.text
+        assert again.json()["task"]["id"] == first.json()["task"]["id"]
+        assert tasks(server) == 1

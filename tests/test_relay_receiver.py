@@ -211,6 +211,33 @@ def test_long_poll_claim_wakes_when_work_arrives(relay: RelayProc, store: Store)
     assert [g.task_id for g in got] == [task_id]
 
 
+def test_a_long_poll_whose_receiver_died_leases_nothing(relay: RelayProc, store: Store) -> None:
+    """A receiver killed while its claim waits: the work that arrives next is not leased
+    to the dead connection (it would run out and count as an attempt), so the receiver
+    that comes back gets it as attempt 1."""
+    _, ops = setup_pair(relay)
+    host, port = relay.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = json.dumps({"wait": 60})
+    headers = {"authorization": f"Bearer {ops}", "content-type": "application/json"}
+    conn.request("POST", "/api/receiver/claim", body, headers)
+    with relay.owner() as c:  # served after the long-poll above was read
+        ok(c.get("/healthz"))
+    assert conn.sock is not None
+    conn.sock.close()  # the receiver is gone: its connection closes under the long-poll
+    task_id = enqueue(store)
+    # The dead long-poll reads the store again at least once a poll interval (1 s): wait
+    # for that read to have happened, then for the task to be as we assert it.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert task(relay, task_id)["state"] == "queued"
+        time.sleep(0.1)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc, wait=5)
+    assert lease.task_id == task_id
+    assert task(relay, task_id)["attempt"] == 1
+
+
 def test_receiver_api_is_limited_to_the_agents_own_tasks(relay: RelayProc, store: Store) -> None:
     codex, ops = setup_pair(relay)
     task_id = enqueue(store)
@@ -328,3 +355,62 @@ def test_batched_renew_and_complete_answer_each_item_as_one_by_one(
             assert "leases" in r.text or "epoch" in r.text
     actions = [r["action"] for r in audit(relay) if r["subject"] in ids]
     assert actions.count("task.complete") >= 3
+
+
+def test_a_result_over_max_result_is_refused_at_complete_saying_why(tmp_path: Any) -> None:
+    """The result limit is its own setting, below the body limit: a result over it is
+    refused at complete (413, rule max-result, the sizes named) and nothing is stored;
+    one within it completes. The receiver turns such a refusal into the task's failure
+    with this reason (its reporter's "other 4xx")."""
+    from relay_proc import start_relay
+
+    relay = start_relay(f"sqlite://{tmp_path / 'relay.db'}", tmp_path, "--max-result", "4096")
+    try:
+        _, ops = setup_pair(relay)
+        with relay.owner() as c:
+            c.get("/healthz")
+        from melchior.mellan.relay.store import open_store
+
+        store = open_store(f"sqlite://{tmp_path / 'relay.db'}")
+        try:
+            big, small = enqueue(store), enqueue(store, message_id="m-2")
+        finally:
+            store.close()
+        with ReceiverClient(relay.url, ops) as rc:
+            leases = {lease.task_id: lease for lease in rc.claim(wait=0, limit=2)}
+            text = "x" * 5000  # a 5 KB body: well under max_body, over max_result
+            with pytest.raises(ReceiverError) as refused:
+                rc.complete(big, leases[big].epoch, {"message": {"parts": [{"text": text}]}})
+            assert refused.value.status == 413
+            assert refused.value.code == "result-too-large"
+            assert "at most 4096 bytes" in refused.value.reason
+            assert "max_result" in refused.value.reason
+            ok_ = rc.complete(small, leases[small].epoch, {"message": {"parts": [{"text": "hi"}]}})
+            assert ok_.outcome is Outcome.OK
+        assert task(relay, big)["state"] == "leased"  # nothing stored for the refusal
+        assert task(relay, small)["state"] == "succeeded"
+    finally:
+        relay.stop()
+
+
+def test_a_big_result_is_read_whole_on_both_bindings(relay: RelayProc, store: Store) -> None:
+    """A result above the size built and encoded on the event loop (the worker-thread
+    path of GetTask) comes back whole, exactly once as the turn's answer in history."""
+    from melchior.mellan.relay.a2a.tasks import INLINE_VIEW
+
+    caller, ops = setup_pair(relay)
+    task_id = enqueue(store)
+    text = "é" * (INLINE_VIEW * 4)
+    with ReceiverClient(relay.url, ops) as rc:
+        lease = claim_one(rc)
+        assert rc.complete(task_id, lease.epoch, {"message": {"parts": [{"text": text}]}}).ok
+    base = f"{relay.url}/a2a/default/private/ops"
+    h = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
+    rest = httpx.get(f"{base}/tasks/{task_id}", headers=h, timeout=60)
+    assert rest.status_code == 200, rest.text
+    rpc = httpx.post(base, headers=h, timeout=60, json={
+        "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}})  # fmt: skip
+    for view in (rest.json(), rpc.json()["result"]):
+        assert view["status"]["state"] == "TASK_STATE_COMPLETED"
+        answers = [m for m in view["history"] if m.get("role") == "ROLE_AGENT"]
+        assert [m["parts"][0]["text"] for m in answers] == [text]

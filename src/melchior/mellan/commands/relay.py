@@ -98,6 +98,7 @@ def run(ns: argparse.Namespace) -> int:
             owner_token_file=resolved["owner_token_file"],
             mint_owner_token=resolved["mint_owner_token"],
             max_body=resolved["max_body"],
+            max_result=resolved["max_result"],
             body_deadline=resolved["body_timeout"],
             json=resolved["json"],
             retain_days=resolved["retain_days"],

@@ -458,12 +458,12 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
 
 def load(path: Path | None = None, env: Mapping[str, str] | None = None) -> ReceiverConfig:
     """Read and check the configuration at ``path`` (default: :func:`default_path`)."""
-    import tomllib
+    from melchior import tomlfile
 
     env = os.environ if env is None else env
     path = path or default_path(env)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = tomlfile.read(path)  # bounded: every unreadable file is one line, exit 78
     except FileNotFoundError:
         raise ConfigError(
             f"no receiver configuration at {path} (see docs/receiver.md for an example; "
@@ -471,8 +471,6 @@ def load(path: Path | None = None, env: Mapping[str, str] | None = None) -> Rece
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     return parse(data, env, path.resolve())

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from melchior.mellan.relay.store import default_sqlite_path, is_postgres
+from melchior.mellan.relay.store.dburl import Database, DatabaseURLError, parse
 
 
 class BackupError(Exception):
@@ -27,22 +27,19 @@ class BackupError(Exception):
 
 
 def sqlite_path(url: str | None) -> Path:
-    """The file a SQLite database URL (or bare path, or None = the default) names."""
-    if url is None:
-        return default_sqlite_path()
-    if is_postgres(url):
+    """The file a SQLite database URL (or bare path, or None = the default) names — read
+    by :func:`~.store.dburl.parse`, as every command reads it."""
+    try:
+        database = parse(url)
+    except DatabaseURLError as exc:
+        raise BackupError(str(exc)) from None
+    if database.postgres:
         raise BackupError(
             "the relay's database is PostgreSQL: back it up with pg_dump (see 'Backups' in "
             "docs/operations.md), e.g. pg_dump --format=custom --file relay.dump '<URL>'"
         )
-    if url.startswith("sqlite://"):
-        rest = url[len("sqlite://") :]
-        if not rest.startswith("/"):
-            raise BackupError(f"sqlite URL needs an absolute path: {url!r}")
-        return Path(rest)
-    if "://" in url:
-        raise BackupError(f"unsupported database URL: {url!r}")
-    return Path(url)
+    assert database.path is not None
+    return database.path
 
 
 def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
@@ -57,15 +54,18 @@ def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
     partial.unlink(missing_ok=True)
     # owner-only from the first byte: the copy holds credential hashes and payloads
     os.close(os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-    dst = sqlite3.connect(partial)
 
     def progress(status: int, remaining: int, total: int) -> None:
         percent = 100 * (total - remaining) // total if total else 100
         print(f"mellan relay backup: {percent}% ({total - remaining}/{total} pages)",
               file=err, flush=True)  # fmt: skip
 
-    try:
+    src: sqlite3.Connection | None = None
+    dst: sqlite3.Connection | None = None
+    try:  # whatever fails — even opening — leaves no partial file behind
+        src = sqlite3.connect(Database(None, False, source).sqlite_uri("ro"), uri=True,
+                              timeout=30)  # fmt: skip
+        dst = sqlite3.connect(partial)
         src.execute("PRAGMA busy_timeout = 30000")
         pages = int(src.execute("PRAGMA page_count").fetchone()[0])
         size = int(src.execute("PRAGMA page_size").fetchone()[0]) * pages
@@ -77,12 +77,16 @@ def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
         if check != "ok":
             raise BackupError(f"the copy failed its integrity check: {check}")
         pages = int(dst.execute("PRAGMA page_count").fetchone()[0])
-    except (sqlite3.Error, BackupError) as exc:
-        dst.close()
+    except BaseException as exc:
+        if dst is not None:
+            dst.close()
         partial.unlink(missing_ok=True)
-        raise BackupError(f"backup of {source} failed: {exc}") from None
+        if isinstance(exc, (sqlite3.Error, BackupError, OSError)):
+            raise BackupError(f"backup of {source} failed: {exc}") from None
+        raise
     finally:
-        src.close()
+        if src is not None:
+            src.close()
     dst.close()
     os.replace(partial, target)
     return pages

@@ -37,6 +37,9 @@ class Relay:
     notifier: Notifier
     public_url: str
     max_body: int = 16 * 1024 * 1024
+    max_result: int = 8 * 1024 * 1024
+    """Largest result (encoded JSON bytes) a receiver may complete a task with: a result is
+    stored, read back and sent to every reader, so it is bounded below the body limit."""
     body_deadline: float = 30.0
     """Seconds a client has to deliver a request body once its headers are in."""
     poll_interval: float = 1.0

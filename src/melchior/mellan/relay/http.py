@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from melchior.mellan.rawjson import Raw, encode, whole
@@ -29,6 +29,7 @@ from melchior.mellan.relay.body import BodyError
 from melchior.mellan.relay.body import read_json as read_json_body
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import audit_topic
+from melchior.mellan.relay.observe import CLIENT_CLOSED
 from melchior.mellan.relay.store.base import (
     Conflict,
     CredentialKind,
@@ -120,6 +121,12 @@ async def store_error(request: Request, exc: Exception) -> Response:
     return await internal_error(request, exc)
 
 
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """A client that disconnected mid-body (:class:`ClientDisconnect`) ends its request
+    normally: one access-log line with :data:`CLIENT_CLOSED`, nothing else."""
+    return Response(status_code=CLIENT_CLOSED)
+
+
 async def internal_error(request: Request, exc: Exception) -> Response:
     """A bug is still an answer in the API's shape (and a traceback in the relay log)."""
     log.exception("unexpected error in %s %s", request.method, request.url.path, exc_info=exc)
@@ -143,6 +150,7 @@ async def route_error(request: Request, exc: Exception) -> Response:
 
 
 HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ClientDisconnect: client_gone,
     ApiError: api_error,
     StoreError: store_error,
     HTTPException: route_error,

@@ -22,9 +22,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from melchior.mellan.relay import requestid
+
+CLIENT_CLOSED = 499
+"""The status logged and counted for a request whose client went away before it was
+answered (nginx's "client closed request"): no answer reaches anyone, and it is not the
+relay's failure, so it is neither a 5xx nor a traceback."""
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.metrics import Metrics
@@ -79,6 +85,9 @@ class Observe:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # outside a mount's handlers: still a normal end
+            if not answered:
+                self._done(scope, CLIENT_CLOSED, time.perf_counter() - started)
         except BaseException:
             if not answered:
                 self._done(scope, 500, time.perf_counter() - started)

@@ -5,12 +5,15 @@ A URL given to the relay is a way to make the relay send requests inside its own
 (SSRF). So before anything is sent:
 
 - the URL is checked (:func:`melchior.policy.outbound.check_url`: scheme, no credentials
-  in it, literal private addresses refused unless the workspace allows them);
+  in it, how the host is written, literal addresses judged by the allow-list);
 - its host is resolved *here* and every address checked
   (:func:`melchior.policy.outbound.check_addresses`);
 - the request goes to the address that was checked — never to a second lookup that could
   answer differently (DNS rebinding) — with the original ``Host`` header and TLS server
   name, so virtual hosts and certificates still work.
+
+:func:`vet` runs the very same steps when a URL is given (a push config, a wake URL), so
+what would be refused at delivery is refused then, with its reason.
 
 No redirects are followed; at most ``max_response`` bytes of the answer are read (only
 its status matters); the whole exchange is bounded by ``timeout``. A refusal by the
@@ -28,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from melchior.policy.decision import Decision
+from melchior.policy.decision import Decision, allow, refuse
 from melchior.policy.outbound import check_addresses, check_url
 
 MAX_RESPONSE = 64 * 1024
@@ -55,18 +58,15 @@ async def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-async def post_checked(
-    http: httpx.AsyncClient,
+async def _resolved(
     url: str,
-    body: bytes,
-    headers: Mapping[str, str],
     *,
     allow_private: bool,
-    resolver: Resolver = resolve,
-    timeout: float,  # noqa: ASYNC109 - one bound for resolving and the exchange together
-    max_response: int = MAX_RESPONSE,
-) -> int:
-    """POST ``body`` to ``url`` as the module docstring says; the answer's status code."""
+    resolver: Resolver,
+    timeout: float,  # noqa: ASYNC109
+) -> list[str]:
+    """The checked URL's host resolved, every address judged: the addresses, or
+    :class:`Refused` (the policy says no) or :class:`Failed` (the lookup failed)."""
     verdict = check_url(url, allow_private=allow_private)
     if not verdict.allowed:
         raise Refused(f"{verdict.rule}: {verdict.reason}")
@@ -80,6 +80,48 @@ async def post_checked(
     checked: Decision = check_addresses(host, addresses, allow_private=allow_private)
     if not checked.allowed:
         raise Refused(f"{checked.rule}: {checked.reason}")
+    return addresses
+
+
+async def vet(
+    url: str,
+    *,
+    allow_private: bool,
+    resolver: Resolver = resolve,
+    timeout: float = 5.0,  # noqa: ASYNC109 - one bound for the lookup
+) -> Decision:
+    """Judge an endpoint when it is given exactly as it will be judged when a request
+    goes (:func:`post_checked`): the URL, then every address its host resolves to now.
+    A caller is told no at once rather than yes and a delivery that never happens; a
+    name that does not resolve now is refused too, saying so."""
+    try:
+        await _resolved(url, allow_private=allow_private, resolver=resolver, timeout=timeout)
+    except Refused as exc:
+        rule, _, reason = str(exc).partition(": ")
+        return refuse(rule, reason)
+    except Failed as exc:
+        return refuse("unresolvable", f"{exc}; give an endpoint whose name resolves")
+    return allow("endpoint", "the URL and every address it resolves to are allowed")
+
+
+async def post_checked(
+    http: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    allow_private: bool,
+    resolver: Resolver = resolve,
+    timeout: float,  # noqa: ASYNC109 - one bound for resolving and the exchange together
+    max_response: int = MAX_RESPONSE,
+) -> int:
+    """POST ``body`` to ``url`` as the module docstring says; the answer's status code."""
+    addresses = await _resolved(
+        url, allow_private=allow_private, resolver=resolver, timeout=timeout
+    )
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     address = addresses[0]
     pinned = f"[{address}]" if ":" in address else address
     target = urlunsplit((parts.scheme, f"{pinned}:{port}", parts.path or "/", parts.query, ""))

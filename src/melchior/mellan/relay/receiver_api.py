@@ -66,6 +66,7 @@ from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.rawjson import Raw, encode
 from melchior.mellan.relay.auth import parties_of, viewer_of
+from melchior.mellan.relay.body import INLINE_PARSE, declared_length
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.http import (
     JSON,
@@ -167,6 +168,12 @@ async def claim(request: Request) -> Response:
     deadline = loop.time() + wait
     via = "immediate"  # how the read that finds work was prompted (metrics)
     while True:
+        # Checked before every read that may lease, not only before waiting: a receiver
+        # that died while its long-poll waited (killed, cable pulled) would otherwise be
+        # handed the next task it is woken for — a lease nobody holds, which runs out and
+        # is counted as one more attempt (the task's real run would see attempt + 1).
+        if await request.is_disconnected():
+            return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
         asked = loop.time()
         remaining = deadline - asked
         waiter = (
@@ -187,8 +194,6 @@ async def claim(request: Request) -> Response:
             remaining = deadline - loop.time()
             if leases or remaining <= 0 or relay.closing or waiter is None:
                 break
-            if await request.is_disconnected():
-                return JSON({"leases": []})  # nobody to hand a lease to; claim nothing
             woken = await waiter
         finally:
             if waiter is not None:
@@ -325,19 +330,44 @@ def _check_result(result: Any) -> dict[str, Any]:
     return result
 
 
+def _bounded(relay: Relay, text: str) -> str:
+    """The encoded result, refused when over the relay's result limit (413, rule
+    ``max-result``): the receiver reports the task failed with this reason."""
+    size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+    if size > relay.max_result:
+        raise ApiError(
+            413, "result-too-large",
+            f"the result is {size} bytes of JSON; this relay accepts results of at most "
+            f"{relay.max_result} bytes (setting max_result): return large output by "
+            "reference (a url part, or a file the caller can fetch)",
+            {"limit": relay.max_result, "size": size}, rule="max-result",
+        )  # fmt: skip
+    return text
+
+
+async def _encoded_result(relay: Relay, request: Request, raw: Any) -> str:
+    """A complete's result checked, encoded and bounded — on a worker thread when the body
+    was too big to parse on the event loop (:data:`..body.INLINE_PARSE`), so a result of
+    many MiB never stalls the loop."""
+    declared = declared_length(request)
+    if declared is not None and declared <= INLINE_PARSE:
+        return _bounded(relay, encode(_check_result(raw)))
+    return await relay.call(lambda: _bounded(relay, encode(_check_result(raw))))
+
+
 async def complete(request: Request) -> Response:
     relay, me = await _agent(request)
     task_id = request.path_params["task_id"]
     body = await read_object(request, relay)
     epoch = field_int(body, "epoch", None, 0, 2**62)
-    result = _check_result(body.get("result", {}))
+    result = await _encoded_result(relay, request, body.get("result", {}))
     input_required = field_bool(body, "input_required", False)
     outcome = await _as_receiver(
         relay,
         me,
         task_id,
         lambda: relay.store.complete(
-            task_id, epoch, encode(result), input_required=input_required, actor=actor(me)
+            task_id, epoch, result, input_required=input_required, actor=actor(me)
         ),
     )
     return _fenced(relay, me, task_id, outcome)
@@ -424,14 +454,20 @@ async def complete_many(request: Request) -> Response:
     relay, me = await _agent(request)
     body = await read_object(request, relay)
     items = _items(body, "completions")
-    triples = [
-        (
-            field_str(item, "task_id", max_len=256),
-            field_int(item, "epoch", None, 0, 2**62),
-            encode(_check_result(item.get("result", {}))),
-        )
-        for item in items
-    ]
+
+    def encoded() -> list[tuple[str, int, str]]:
+        return [
+            (
+                field_str(item, "task_id", max_len=256),
+                field_int(item, "epoch", None, 0, 2**62),
+                _bounded(relay, encode(_check_result(item.get("result", {})))),
+            )
+            for item in items
+        ]
+
+    declared = declared_length(request)
+    small = declared is not None and declared <= INLINE_PARSE
+    triples = encoded() if small else await relay.call(encoded)  # big: off the event loop
     return await _batch(
         relay, me, [t for t, _, _ in triples],
         lambda chosen: relay.store.complete_many(

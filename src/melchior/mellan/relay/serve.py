@@ -62,6 +62,7 @@ class RelayOptions:
     owner_token_file: Path | None = None
     mint_owner_token: bool = False
     max_body: int = 16 * 1024 * 1024
+    max_result: int = 8 * 1024 * 1024
     body_deadline: float = 30.0
     json: bool = False
     retain_days: float | None = None
@@ -367,6 +368,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             notifier=notifier,
             public_url=public,
             max_body=options.max_body,
+            max_result=options.max_result,
             body_deadline=options.body_deadline,
             limits=SendLimits(options.limits),
             metrics=Metrics(cache_seconds=options.metrics_cache_seconds),

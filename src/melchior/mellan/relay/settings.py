@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from melchior import tomlfile
 from melchior.policy.send_limits import DEFAULTS
 
 ENV_PREFIX = "MELLAN_"
@@ -95,9 +95,9 @@ def _url(v: str) -> str | None:
 
 
 def _database(v: str) -> str | None:
-    if "://" in v and not v.startswith(("sqlite://", "postgresql://", "postgres://")):
-        return "must be sqlite:///PATH, postgresql://… or a file path"
-    return None
+    from melchior.mellan.relay.store.dburl import problem  # the one parser of the URL
+
+    return problem(v)
 
 
 def _log_format(v: str) -> str | None:
@@ -140,6 +140,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("json", bool, False, "status lines as JSON objects, one per line"),
     Setting(
         "max_body", int, 16 * 1024 * 1024, "largest request body accepted, in bytes",
+        metavar="BYTES", check=_positive,
+    ),
+    Setting(
+        "max_result", int, 8 * 1024 * 1024,
+        "largest task result a receiver may report, in bytes of JSON (refused at complete)",
         metavar="BYTES", check=_positive,
     ),
     Setting(
@@ -343,14 +348,13 @@ def _from_env(s: Setting, raw: str) -> Any:
 def load_file(path: Path) -> dict[str, Any]:
     """The settings a TOML file sets, typed and checked against the table."""
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        data = tomlfile.read(path)  # bounded: every unreadable file is one line, exit 2
     except FileNotFoundError:
         raise SettingsError(f"config file {path} does not exist") from None
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+    except tomlfile.TomlFileError as exc:
+        raise SettingsError(str(exc)) from None
     return {k: _from_file(BY_KEY[k], v, path) for k, v in _flatten(data, str(path)).items()}
 
 

@@ -29,9 +29,9 @@ from melchior.mellan.relay.http import (
     field_str,
     read_object,
 )
+from melchior.mellan.relay.outbound import resolve, vet
 from melchior.mellan.relay.store.base import Principal, Record
 from melchior.mellan.relay.store.routes import new_wake_secret
-from melchior.policy.outbound import check_url
 
 MAX_URL = 2048
 
@@ -43,7 +43,8 @@ async def set_wake(
     await owner_only(relay, me, "agent.wake")
     if url is not None:
         private = await relay.call(relay.store.push_allow_private, me.workspace)
-        verdict = check_url(url, allow_private=private)
+        resolver = relay.waker.resolver if relay.waker is not None else resolve
+        verdict = await vet(url, allow_private=private, resolver=resolver)  # as at delivery
         if not verdict.allowed:
             raise ApiError(
                 400, "bad-request", f"field 'url': {verdict.reason}", {"field": "url"},

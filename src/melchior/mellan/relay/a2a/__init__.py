@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.relay.a2a import cards, errors, jsonrpc, paths, rest
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.http import client_gone
 from melchior.mellan.relay.store.base import StoreError
 
 
@@ -52,6 +53,7 @@ async def error(request: Request, exc: Exception) -> Response:
 
 
 HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ClientDisconnect: client_gone,
     errors.A2AError: error,
     StoreError: error,
     HTTPException: error,

@@ -34,6 +34,7 @@ from melchior.mellan.relay.a2a.errors import (
 )
 from melchior.mellan.relay.a2a.requests import SendRequest
 from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.outbound import resolve, vet
 from melchior.mellan.relay.store.base import (
     Caps,
     FollowUp,
@@ -217,7 +218,7 @@ async def decide(relay: Relay, caller: Caller, req: SendRequest) -> NewTask | Fo
 
     if req.push is not None:
         allow = await facts.allow_private(relay, target.workspace)
-        check_push(req.push, "configuration.taskPushNotificationConfig.url", allow)
+        await vet_push(relay, req.push, "configuration.taskPushNotificationConfig.url", allow)
         detail["push"] = True
     payload, metadata = await _encoded(relay, req)
     detail = {**detail, "capability": capability, "hop": chain.hop}
@@ -274,7 +275,8 @@ async def within_limits(
     """:func:`decide`, then the caller's send rate (refused: audited ``quota.refused``,
     :class:`QuotaExceeded`, nothing stored); a new task leaves with the caps the enqueue
     transaction counts (the caller's unfinished tasks at the receiver, the receiver's
-    queue). A resend of a message already taken is answered without a token."""
+    queue). A resend of a message already taken is answered without a token, even when
+    the caller is over its rate."""
     decided = await decide(relay, caller, req)
     if isinstance(decided, Task):
         return decided
@@ -282,6 +284,12 @@ async def within_limits(
     mine = await _limits_of(relay, workspace, sender)
     took = relay.limits.take(workspace, sender, mine)
     if not took.decision:
+        # A resend costs nothing (it queues no work): it gets its stored task back whatever
+        # the caller's rate, as it is exempt from the caps. Read only when over the rate,
+        # so a send within it pays no store read for this.
+        resent = await relay.call(resend_of, relay.store, caller, req)
+        if resent is not None:
+            return resent
         detail = {
             "messageId": req.message.get("messageId"),
             "limit": RATE,
@@ -302,9 +310,24 @@ async def within_limits(
     return dataclasses.replace(decided, caps=caps)
 
 
+async def vet_push(relay: Relay, push: NewPush, name: str, allow_private: bool) -> None:
+    """Refuse, naming the field and the rule, a URL the workspace may not push to: judged
+    now as it will be at each delivery — the URL, then every address its host resolves
+    to (:func:`..outbound.vet`, with the deliverer's resolver) — before anything is
+    stored, so the caller is never told yes to a push that can never be sent."""
+    resolver = relay.pusher.resolver if relay.pusher is not None else resolve
+    verdict = await vet(push.url, allow_private=allow_private, resolver=resolver)
+    if not verdict.allowed:
+        raise InvalidParams(
+            f"{name}: {verdict.reason}",
+            violations=[(name, verdict.reason)],
+            metadata={"rule": verdict.rule},
+        )
+
+
 def check_push(push: NewPush, name: str, allow_private: bool) -> None:
-    """Refuse, naming the field and the rule, a URL the workspace may not push to (before
-    anything is stored; checked again after DNS at each delivery)."""
+    """The URL alone (no lookup), for a worker-thread call that read the workspace's
+    setting itself: :func:`vet_push` ran before with the setting then."""
     verdict = check_url(push.url, allow_private=allow_private)
     if not verdict.allowed:
         raise InvalidParams(

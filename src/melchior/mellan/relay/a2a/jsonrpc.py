@@ -30,7 +30,7 @@ from melchior.mellan.relay.a2a.errors import (
     Unavailable,
     translate,
 )
-from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING
+from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING, encoded
 from melchior.mellan.relay.a2a.paths import Target
 from melchior.mellan.relay.context import Relay
 
@@ -114,10 +114,8 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
         assert not isinstance(result, dict)
         return _stream(result, rid)
     assert isinstance(result, dict)
-    return Response(
-        jsontext.dumpb({"jsonrpc": "2.0", "id": rid, "result": result}),
-        media_type="application/json",
-    )
+    answer = {"jsonrpc": "2.0", "id": rid, "result": result}
+    return Response(await encoded(relay, method, answer), media_type="application/json")
 
 
 def _stream(events: AsyncIterator[dict[str, Any]], rid: RequestId) -> Response:

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from melchior.mellan.relay.a2a import cards, listing, pushconfigs, requests, tasks
+from melchior.mellan.relay.a2a import cards, jsontext, listing, pushconfigs, requests, tasks
 from melchior.mellan.relay.a2a.access import Caller
 from melchior.mellan.relay.body import parsed_inline
 from melchior.mellan.relay.context import Relay
@@ -21,6 +21,17 @@ Result = dict[str, Any] | AsyncIterator[dict[str, Any]]
 Op = Callable[[Relay, Caller, Any, Request], Awaitable[Result]]
 
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+
+CARRY_TASKS = frozenset({"SendMessage", "GetTask", "ListTasks", "CancelTask"})
+"""Operations whose answer carries tasks, so can carry a result of many MiB: encoded on a
+worker thread (one thread hop), never on the event loop."""
+
+
+async def encoded(relay: Relay, op_name: str, answer: dict[str, Any]) -> bytes:
+    """The answer's JSON bytes: off the event loop for :data:`CARRY_TASKS`."""
+    if op_name in CARRY_TASKS:
+        return await relay.call(jsontext.dumpb, answer)
+    return jsontext.dumpb(answer)
 
 
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:

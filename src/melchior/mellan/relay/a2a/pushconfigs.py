@@ -16,7 +16,7 @@ from typing import Any
 
 from melchior.mellan.relay.a2a import requests
 from melchior.mellan.relay.a2a.access import Caller
-from melchior.mellan.relay.a2a.admission import check_push
+from melchior.mellan.relay.a2a.admission import check_push, vet_push
 from melchior.mellan.relay.a2a.errors import InvalidParams, TaskNotFound
 from melchior.mellan.relay.a2a.tasks import get_visible
 from melchior.mellan.relay.context import Relay
@@ -58,6 +58,9 @@ def _create(store: Store, caller: Caller, task_id: str, push: NewPush) -> PushCo
 
 async def create(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
     task_id, push = requests.parse_push_create(params)
+    task = (await get_visible(relay, caller, task_id)).task  # an unknown task first
+    allow = await relay.call(relay.store.push_allow_private, task.workspace)
+    await vet_push(relay, push, "url", allow)  # resolved and judged as at delivery
     return config_view(await relay.call(_create, relay.store, caller, task_id, push))
 
 

@@ -27,7 +27,7 @@ from melchior.mellan.relay.a2a.errors import (
     Unauthenticated,
     translate,
 )
-from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING
+from melchior.mellan.relay.a2a.ops import OPERATIONS, STREAMING, encoded
 from melchior.mellan.relay.a2a.paths import Target
 from melchior.mellan.relay.context import Relay
 
@@ -117,7 +117,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
         assert not isinstance(result, dict)
         return _stream(result)
     assert isinstance(result, dict)
-    content = jsontext.dumpb(result)
+    content = await encoded(relay, op_name, result)
     media = http.response_type(request)
     if op_name == "GetExtendedAgentCard":
         return card_response(

@@ -60,6 +60,27 @@ def _view(seen: Seen, history_length: int | None = None) -> dict[str, Any]:
     return views.task_view(seen.task, seen.events, history_length=history_length, turns=seen.turns)
 
 
+INLINE_VIEW = 64 * 1024
+"""Stored text (payloads, results, event bodies) up to which a task's view is built on the
+event loop; above it, on a worker thread: a view of a 15 MiB result is parsed JSON of
+15 MiB, which would stall every other request for a second."""
+
+
+def stored_size(seen: Seen) -> int:
+    """How much stored JSON text a view of ``seen`` parses."""
+    task = seen.task
+    size = len(task.payload) + len(task.result or "") + len(task.error or "")
+    size += sum(len(ev.body or "") for ev in seen.events)
+    return size + sum(len(t.payload) + len(t.result or "") for t in seen.turns)
+
+
+async def view_of(relay: Relay, seen: Seen, history_length: int | None = None) -> dict[str, Any]:
+    """:func:`_view`, off the event loop when the task is big (:data:`INLINE_VIEW`)."""
+    if stored_size(seen) <= INLINE_VIEW:
+        return _view(seen, history_length)
+    return await relay.call(_view, seen, history_length)
+
+
 async def get_visible(relay: Relay, caller: Caller, task_id: str) -> Seen:
     seen = await relay.call(_read, relay.store, caller.target.workspace, task_id, 0)
     caller.visible(seen.task if seen else None, task_id)
@@ -192,7 +213,7 @@ async def subscribe(relay: Relay, caller: Caller, task_id: str) -> AsyncIterator
 async def get(
     relay: Relay, caller: Caller, task_id: str, history_length: int | None
 ) -> dict[str, Any]:
-    return _view(await get_visible(relay, caller, task_id), history_length)
+    return await view_of(relay, await get_visible(relay, caller, task_id), history_length)
 
 
 def _cancel(store: Store, caller: Caller, task_id: str) -> Seen:
@@ -212,4 +233,4 @@ def _cancel(store: Store, caller: Caller, task_id: str) -> Seen:
 
 
 async def cancel(relay: Relay, caller: Caller, task_id: str) -> dict[str, Any]:
-    return _view(await relay.call(_cancel, relay.store, caller, task_id))
+    return await view_of(relay, await relay.call(_cancel, relay.store, caller, task_id))

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -34,7 +34,7 @@ from melchior.mellan.relay.dashboard import live, pages, render, routing, signin
 from melchior.mellan.relay.dashboard.guard import change, view
 from melchior.mellan.relay.dashboard.headers import SecurityHeaders
 from melchior.mellan.relay.dashboard.sessions import Refused, Settings
-from melchior.mellan.relay.http import ApiError, unavailable_reason
+from melchior.mellan.relay.http import ApiError, client_gone, unavailable_reason
 from melchior.mellan.relay.store.base import Conflict, NotFoundError, StoreError, StoreUnavailable
 
 PREFIX = "/ui"
@@ -108,6 +108,7 @@ async def internal_error(request: Request, exc: Exception) -> Response:
 
 
 HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ClientDisconnect: client_gone,
     Refused: refused,
     ApiError: api_error,
     StoreError: store_error,

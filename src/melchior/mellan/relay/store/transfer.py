@@ -24,9 +24,11 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from melchior.mellan.relay.store import is_postgres, open_store
+from melchior.mellan.relay.store.dburl import Database
 
 TABLES: tuple[str, ...] = (
     "workspace",
@@ -79,7 +81,8 @@ class _Source:
         else:
             path = _sqlite_path(url)
             try:
-                self.lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+                uri = Database(None, False, Path(path)).sqlite_uri("ro")
+                self.lite = sqlite3.connect(uri, uri=True, timeout=30)
             except sqlite3.Error as exc:
                 raise MigrateError(f"cannot open the source {path}: {exc}") from None
             stack.callback(self.lite.close)

@@ -1,0 +1,149 @@
+"""A big result read by several clients: does the relay's event loop stay responsive?
+
+A real ``mellan relay`` (SQLite, its own process, ``--max-result`` raised to 16 MiB so a
+15 MiB result is allowed) gets one task, completed by a receiver through the receiver API
+with a ``BENCH_MIB`` MiB text result (default 15). Then ``BENCH_READERS`` clients (3) read
+it with A2A ``GetTask`` in a loop for ``BENCH_SECONDS`` (10) while a prober asks
+``/healthz`` every 20 ms. Printed: /healthz p50/p99/max while idle (the baseline, same run)
+and while the readers read, their ratio, the bytes of one GetTask answer against the
+result's size, and how long the complete took. No thresholds: the numbers go to
+docs/benchmarks.md.
+
+Run ``.venv/bin/python bench/big_result.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MIB = float(os.environ.get("BENCH_MIB", "15"))
+READERS = int(os.environ.get("BENCH_READERS", "3"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
+MELLAN = str(Path(sys.executable).parent / "mellan")
+
+
+def start(home: Path) -> tuple[subprocess.Popen[str], str, str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home)}
+    token_file = home / "owner.token"
+    proc = subprocess.Popen(
+        [MELLAN, "relay", "--database", f"sqlite://{home / 'relay.db'}", "--port", "0",
+         "--owner-token-file", str(token_file), "--max-result", str(16 * 1024 * 1024)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "listening on " in line:
+            url = line.split("listening on ", 1)[1].split()[0]
+            break
+    else:
+        raise SystemExit("the relay did not start")
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    return proc, url, token_file.read_text().strip()
+
+
+def ok(r: httpx.Response, status: int = 200) -> Any:
+    if r.status_code != status:
+        raise SystemExit(f"{r.request.method} {r.request.url}: {r.status_code} {r.text[:300]}")
+    return r.json()
+
+
+def setup(url: str, owner: str) -> tuple[str, str]:
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {owner}"}) as c:
+        ok(c.post("/api/agents", json={"id": "private/ops", "capabilities": ["run"]}), 201)
+        ok(c.post("/api/agents", json={"id": "local/caller"}), 201)
+        grant = {"caller": "local/caller", "receiver": "private/ops", "capabilities": ["run"]}
+        ok(c.post("/api/grants", json=grant), 201)
+        tokens = []
+        for agent in ("local/caller", "private/ops"):
+            code = ok(c.post("/api/enrollments", json={"agent": agent}), 201)["code"]
+            tokens.append(ok(httpx.post(f"{url}/api/join", json={"code": code}), 201)["token"])
+    return tokens[0], tokens[1]
+
+
+def probe(url: str, stop: threading.Event, out: list[float]) -> None:
+    with httpx.Client(base_url=url, timeout=30) as c:
+        while not stop.is_set():
+            began = time.perf_counter()
+            c.get("/healthz")
+            out.append((time.perf_counter() - began) * 1000)
+            time.sleep(0.02)
+
+
+def summary(ms: list[float]) -> tuple[float, float, float]:
+    ms = sorted(ms)
+    return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))], ms[-1]
+
+
+def probed(url: str, seconds: float, work: list[threading.Thread]) -> list[float]:
+    stop, out = threading.Event(), list[float]()
+    prober = threading.Thread(target=probe, args=(url, stop, out))
+    prober.start()
+    for t in work:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    prober.join()
+    for t in work:
+        t.join()
+    return out
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url, owner = start(Path(tmp))
+        try:
+            caller, ops = setup(url, owner)
+            idle = probed(url, 3.0, [])
+            base = f"{url}/a2a/default/private/ops"
+            h = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
+            send = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}],
+                                "metadata": {"capability": "run"}},
+                    "configuration": {"returnImmediately": True}}  # fmt: skip
+            task_id = ok(httpx.post(f"{base}/message:send", json=send, headers=h))["task"]["id"]
+            rh = {"authorization": f"Bearer {ops}"}
+            lease = ok(httpx.post(f"{url}/api/receiver/claim", json={"wait": 5}, headers=rh))
+            epoch = lease["leases"][0]["epoch"]
+            text = "x" * int(MIB * 1024 * 1024)
+            result = {"message": {"role": "ROLE_AGENT", "parts": [{"text": text}]}}
+            began = time.perf_counter()
+            done = httpx.post(
+                f"{url}/api/receiver/tasks/{task_id}/complete",
+                json={"epoch": epoch, "result": result}, headers=rh, timeout=120,
+            )  # fmt: skip
+            completed_ms = (time.perf_counter() - began) * 1000
+            ok(done)
+            sizes: list[int] = []
+
+            def read(stop_at: float) -> None:
+                with httpx.Client(timeout=120, headers=h) as c:
+                    while time.monotonic() < stop_at:
+                        sizes.append(len(c.get(f"{base}/tasks/{task_id}").content))
+
+            stop_at = time.monotonic() + SECONDS
+            busy = probed(url, SECONDS, [threading.Thread(target=read, args=(stop_at,))
+                                         for _ in range(READERS)])  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    i50, i99, imax = summary(idle)
+    b50, b99, bmax = summary(busy)
+    print(f"result {MIB:g} MiB, {READERS} readers, {SECONDS:g} s, {len(sizes)} GetTask answers")
+    print(f"complete: {completed_ms:.0f} ms")
+    print(f"GetTask answer: {sizes[0] / 2**20:.1f} MiB = {sizes[0] / len(text):.2f}x the result")
+    print(f"/healthz idle  p50 {i50:.1f} ms  p99 {i99:.1f} ms  max {imax:.1f} ms")
+    print(f"/healthz busy  p50 {b50:.1f} ms  p99 {b99:.1f} ms  max {bmax:.1f} ms")
+    print(f"ratio busy/idle: p50 {b50 / i50:.1f}x  p99 {b99 / i99:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
