@@ -18,7 +18,6 @@ MCP bridge's relay caller alike:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
@@ -28,6 +27,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+
+from melchior.policy.outbound import may_carry_credential
 
 CA_FILE_ENV = "MELLAN_CA_FILE"
 CLIENT_CERT_ENV = "MELLAN_CLIENT_CERT"
@@ -76,21 +77,13 @@ def client_tls(
     return tls
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_url(url: str, *, credential: bool) -> None:
-    """Refuse a relay URL this client must not use (rule: no credential in clear)."""
+    """Refuse a relay URL this client must not use (rule: no credential in clear, the one
+    decision :func:`melchior.policy.outbound.may_carry_credential`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TransportError(f"relay URL {url!r} must be http(s)://HOST[:PORT]")
-    if credential and parts.scheme == "http" and not is_loopback(parts.hostname):
+    if credential and not may_carry_credential(url):
         raise TransportError(
             f"refusing to send a credential over plain HTTP to {parts.hostname}: anyone on "
             "the network path could read and reuse it. Use the relay's https:// URL "

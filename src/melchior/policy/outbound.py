@@ -247,3 +247,49 @@ def check_addresses(host: str, addresses: list[str], *, allow_private: bool) -> 
     if allow_private:
         return allow("private-allowed", f"{host} resolves to addresses the workspace allows")
     return allow("public-address", f"{host} resolves to public addresses only")
+
+
+# -- a credential in clear: to this machine's loopback or nowhere ---------------------------
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback: the name ``localhost`` (in any case,
+    as DNS names are), or an IP literal in ``127.0.0.0/8``, ``::1`` or an IPv4-mapped
+    ``::ffff:127.x.y.z`` (brackets allowed). Nothing else: not ``*.localhost`` or
+    ``localhost.``, which a resolver may send to the network, nor the other spellings of
+    127.0.0.1 (``127.1``, ``2130706433``) that only some parsers read as it.
+
+    The one answer for every place that lets something through because it stays on this
+    machine: a credential over plain ``http`` (relay clients, the a2a runtime), a relay
+    serving plain ``http``, a plane webhook's listening address.
+    """
+    name = host.strip()
+    if name[:1] == "[" and name[-1:] == "]":
+        name = name[1:-1]
+    if name.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def may_carry_credential(url: str, *, what: str = "a credential") -> Decision:
+    """Whether a request to ``url`` may carry ``what`` (a bearer token, a client secret):
+    over ``https`` to anywhere, over plain ``http`` only to :func:`loopback` — anyone on
+    the network path could otherwise read it and use it."""
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return allow("credential-over-tls", f"{what} goes to {parts.hostname} over TLS")
+    if parts.scheme != "http" or not parts.hostname:
+        return refuse("credential-scheme", f"{url!r} is not an http(s)://HOST URL")
+    if loopback(parts.hostname):
+        return allow("credential-loopback", f"{what} stays on this machine ({parts.hostname})")
+    return refuse(
+        "credential-in-clear",
+        f"{what} would cross the network readable over plain http to {parts.hostname}: "
+        "anyone on the path could read and reuse it",
+    )

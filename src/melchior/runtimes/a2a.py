@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import httpx
 from melchior.a2a_envelope import text_of, to_a2a
 from melchior.envelope import Message
 from melchior.policy import route_options as ro
+from melchior.policy.outbound import may_carry_credential
 from melchior.runtimes.base import (
     CANCELED,
     COMPLETED,
@@ -113,23 +113,13 @@ def require_sdk() -> None:
         ) from None
 
 
-def _loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_url(url: str, *, insecure: bool, what: str) -> str | None:
     """Why ``url`` may not carry our bearer token, or None if it may. Plain http is for
     loopback only (the token would otherwise cross the network readable)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{what} {url!r} is not an http(s) URL"
-    if parts.scheme == "http" and not insecure and not _loopback(url):
+    if not insecure and not may_carry_credential(url, what="the token"):
         return (
             f"{what} {url!r} is plain http to another machine; use https, or set "
             "insecure_http to send the token readable on the network"

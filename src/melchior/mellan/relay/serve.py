@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import ipaddress
 import json
 import os
 import shlex
@@ -45,6 +44,7 @@ from melchior.mellan.relay.observe import configure_logging
 from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Record, Store
 from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_tls
+from melchior.policy.outbound import loopback
 from melchior.policy.send_limits import DEFAULTS, Limits
 
 DEFAULT_HOST = "127.0.0.1"
@@ -141,15 +141,6 @@ def mellan_command() -> str:
     if found is not None and os.path.realpath(found) == mine:
         return "mellan"
     return shlex.quote(os.path.abspath(argv0))
-
-
-def ipaddress_is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def make_notifier(database: str | None) -> Notifier:
@@ -273,7 +264,7 @@ def transport_policy(options: RelayOptions) -> tuple[str | None, str | None]:
         return "--tls-cert and --tls-key go together (tls.cert and tls.key)", None
     if options.client_ca is not None and options.tls_cert is None:
         return "--client-ca (tls.client_ca) needs HTTPS: give --tls-cert and --tls-key", None
-    if options.tls_cert is not None or ipaddress_is_loopback(options.host):
+    if options.tls_cert is not None or loopback(options.host):
         return None, None
     if not options.insecure_http:
         return (
