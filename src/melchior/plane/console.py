@@ -96,8 +96,14 @@ class Console(App[int]):
         self.order = list(plane.config.ids)
         self.selected = 0
         self.webhook_at = ""
+        self.drawn = asyncio.Event()
+        """Set once the app is mounted: the plane starts (and recovers) only then."""
         self.status = Static("", id="status")
         self.prompt = Input(placeholder="type to the selected agent (/team, @name)", id="prompt")
+        # Events that come before the app runs (the recovery after a restart, a webhook
+        # line in the first instant) cannot touch a widget yet: they wait here and are
+        # drawn, in order, once the app is mounted.
+        self._early: list[Event] | None = []
         plane.listeners.append(self.on_plane_event)
 
     @property
@@ -113,9 +119,13 @@ class Console(App[int]):
     def on_mount(self) -> None:
         self.title = "melchior plane"
         self._select(0)
+        early, self._early = self._early or [], None
+        for event in early:
+            self.on_plane_event(event)
         for held in self.plane.questions():
             self._show_question(held.sender)
         self.set_interval(1.0, self._refresh_status)
+        self.drawn.set()
 
     # -- panes and status -----------------------------------------------------------------
 
@@ -170,6 +180,9 @@ class Console(App[int]):
         )
 
     def on_plane_event(self, event: Event) -> None:
+        if self._early is not None:
+            self._early.append(event)
+            return
         pane = self.panes.get(event.agent)
         if pane is not None:
             pane.write(event)
@@ -207,16 +220,26 @@ def run_console(config: PlaneConfig) -> int:
         plane = Plane(config)
         app = Console(plane)
         code = 0
+
+        async def plane_once_drawn() -> None:
+            # The recovery after a restart (held notes, interrupted turns) draws on the
+            # panes, so the plane starts only once the app is up to draw them.
+            await app.drawn.wait()
+            await plane.run()
+
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(plane.run())
+                running = group.create_task(plane_once_drawn())
                 webhook = _webhook(plane, app)
                 if webhook is not None:
                     group.create_task(webhook.serve())
                 try:
                     code = await app.run_async() or 0
                 finally:
+                    # the app is gone: what the stopping plane says goes to its log only
+                    plane.listeners.remove(app.on_plane_event)
                     plane.stop()
+                    running.cancel()
                     if webhook is not None:
                         webhook.stop()
         finally:
