@@ -171,3 +171,21 @@ def test_garbage_and_a_huge_outbox_are_refused_clearly_and_nothing_else_is_lost(
     assert len(ledger) == 2
     nxt = turns(config, "planner")[1]["prompt"]
     assert "Your outbox was not all read: line 2 of the outbox is not a note: it is not JSON" in nxt
+
+
+def test_each_agent_counts_its_own_turns(tmp_path: Path) -> None:
+    """The pane's "turn N" is the agent's own count, the one its status line shows."""
+    config = load_plane(write_plane(tmp_path, [{"id": "planner"}, {"id": "ledger"}]))
+
+    async def main() -> None:
+        async with running(config) as (plane, watch):
+            for _ in range(3):
+                plane.operator_line("planner", "answer: ok")
+                await settle(plane)
+            plane.operator_line("ledger", "answer: ok")
+            await settle(plane)
+            assert [e.text for e in watch.of("ledger", "turn")] == ["turn 1 (operator)"]
+            assert [e.text for e in watch.of("planner", "turn")][-1] == "turn 3 (operator)"
+            assert plane.status("ledger").turns == 1
+
+    run(main)

@@ -333,12 +333,16 @@ class Plane:
             chain=inp.chain,
             message_id=inp.message_id,
         )
+        # The agent's own count, the one its status line and ceiling show ("3/50 turns"):
+        # the plane-wide id stays in the log as ``turn`` and in the outbox's file name.
+        number = self.state.spent(agent)[0]
+        source = f" from {inp.sender}" if inp.sender and inp.sender != inp.kind else ""
         self.emit(
             Event(
                 agent,
                 "turn",
-                f"turn {turn} ({inp.kind}{' from ' + inp.sender if inp.sender else ''})",
-                {"turn": turn, "kind": inp.kind},
+                f"turn {number} ({inp.kind}{source})",
+                {"turn": turn, "number": number, "kind": inp.kind},
             )
         )
 
