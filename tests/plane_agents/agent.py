@@ -11,6 +11,8 @@ workspace (the turn's cwd) for a test to read. Directives:
     team                 melchior tool --verb=team
     team-line: LINE      melchior tool --verb=team --message=LINE
     answer: TEXT         TEXT is printed as the turn's answer (default: nothing)
+    outbox NAME: TEXT    write the note into the outbox directly, unchecked (as an agent
+                         that skips the verb could)
     garbage              write lines that are not notes into the outbox directly
     huge                 write far more than the outbox limit into the outbox directly
     fail                 exit 1 after acting
@@ -63,6 +65,10 @@ def main() -> int:
             calls.append(tool("--verb=team", f"--message={line[11:]}"))
         elif line.startswith("answer: "):
             answers.append(line[8:])
+        elif line.startswith("outbox ") and ": " in line:
+            to, _, text = line[7:].partition(": ")
+            with open(box, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"to": to, "text": text}) + "\n")
         elif line == "garbage":
             with open(box, "a", encoding="utf-8") as f:
                 f.write('not json\n{"to": 5}\n[1, 2]\n')
