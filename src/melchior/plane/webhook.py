@@ -43,11 +43,14 @@ def _error(status: int, reason: str) -> JSONResponse:
 
 def make_app(plane: Plane, token: str) -> Starlette:
     """The webhook's ASGI app for ``plane``, accepting ``token``."""
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     async def lines(request: Request) -> JSONResponse:
-        given = request.headers.get("authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(given, expected):
+        # an auth scheme is case-insensitive (RFC 9110 11.1): bearer, Bearer, BEARER
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode("utf-8", "replace"), expected
+        ):
             return _error(401, "a bearer token is required (Authorization: Bearer TOKEN)")
         agent = request.path_params["agent"]
         if agent not in plane.config.by_id:
