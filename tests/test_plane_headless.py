@@ -127,3 +127,32 @@ def test_a_terminal_as_stdin_reads_lines_and_ctrl_c_stops_it(tmp_path: Path, tmu
     tmux.wait_for(lambda s: "planner | done: typed at a terminal" in s, "the turn's answer")
     tmux.key("C-c")
     tmux.wait_for(lambda s: "exit-status-0" in s, "the plane stopped by ctrl+c")
+
+
+def test_a_webhook_port_in_use_is_one_line_naming_it_and_the_fix(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        config = write_plane(tmp_path, TEAM, webhook={"port": port, "token_env": "HOOK_T"})
+        with open("/dev/null", encoding="utf-8") as null:
+            proc = headless(config, stdin=null, env={**os.environ, "HOOK_T": "t0ken"})
+            code, out, err = finish(proc)
+    assert code == 2, (out, err)
+    assert err.strip().splitlines() == [
+        f"melchior plane: the webhook cannot listen on 127.0.0.1:{port} (it is in use); set "
+        "port in the [webhook] table of PLANE.toml to another port (0: any free port)"
+    ]
+
+
+def test_the_webhook_default_port_is_not_the_relays(tmp_path: Path) -> None:
+    from melchior.plane.config import WEBHOOK_PORT
+    from plane_kit import load_plane
+
+    config = write_plane(tmp_path, TEAM, webhook={"token_env": "HOOK_T"})
+    hook = load_plane(config).webhook
+    assert hook is not None
+    assert hook.port == WEBHOOK_PORT == 8790

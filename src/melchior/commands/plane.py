@@ -283,14 +283,19 @@ async def headless(config: PlaneConfig, stdin: TextIO, out: TextIO, *, serve: bo
     webhook = None
     where = ""
     if config.webhook is not None:
-        from melchior.plane.webhook import Webhook
+        from melchior.plane.webhook import Webhook, WebhookPortError
 
         token = os.environ.get(config.webhook.token_env, "")
         if not token:
             say(f"melchior plane: the webhook needs a token in ${config.webhook.token_env}")
             plane.state.close()
             return EXIT_CONFIG
-        webhook = Webhook(plane, token, config.webhook.listen, config.webhook.port)
+        try:
+            webhook = Webhook(plane, token, config.webhook.listen, config.webhook.port)
+        except WebhookPortError as exc:
+            print(f"melchior plane: {exc}", file=sys.stderr)
+            plane.state.close()
+            return EXIT_CONFIG
         where = f"http://{config.webhook.listen}:{webhook.port}/agents/NAME/lines"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -228,9 +228,9 @@ def run_console(config: PlaneConfig) -> int:
             await plane.run()
 
         try:
+            webhook = _webhook(plane, app)  # a port in use is said before the screen clears
             async with asyncio.TaskGroup() as group:
                 running = group.create_task(plane_once_drawn())
-                webhook = _webhook(plane, app)
                 if webhook is not None:
                     group.create_task(webhook.serve())
                 try:
@@ -257,7 +257,7 @@ def run_console(config: PlaneConfig) -> int:
 def _webhook(plane: Plane, app: Console) -> Webhook | None:
     import os
 
-    from melchior.plane.webhook import Webhook
+    from melchior.plane.webhook import Webhook, WebhookPortError
 
     hook = plane.config.webhook
     if hook is None:
@@ -265,6 +265,9 @@ def _webhook(plane: Plane, app: Console) -> Webhook | None:
     token = os.environ.get(hook.token_env, "")
     if not token:
         raise SystemExit(f"melchior plane: the webhook needs a token in ${hook.token_env}")
-    webhook = Webhook(plane, token, hook.listen, hook.port)
+    try:
+        webhook = Webhook(plane, token, hook.listen, hook.port)
+    except WebhookPortError as exc:
+        raise SystemExit(f"melchior plane: {exc}") from None
     app.webhook_at = f"http://{hook.listen}:{webhook.port}/agents/NAME/lines"
     return webhook
