@@ -61,6 +61,12 @@ class Tmux:
     def type(self, text: str) -> None:
         self("send-keys", "-t", "plane", "-l", text)
 
+    def answer(self, key: str) -> None:
+        """Answer the question on screen as an operator would: having read it (a key
+        within the console's guard after the box appears goes to the prompt instead)."""
+        time.sleep(0.5)
+        self.type(key)
+
     def key(self, *keys: str) -> None:
         self("send-keys", "-t", "plane", *keys)
 

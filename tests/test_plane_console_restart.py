@@ -41,7 +41,7 @@ def test_a_restart_with_a_held_note_draws_the_question(tmp_path: Path, tmux: Tmu
     screen = tmux.wait_for(lambda s: "write to ledger? y / n" in s, "the held question")
     assert "exit-status" not in screen
     assert "NoActiveAppError" not in screen
-    tmux.type("y")
+    tmux.answer("y")
     tmux.wait_for(lambda s: "(hop 1, operator-yes)" in s, "the note sent")
     tmux.key("C-q")
     tmux.wait_for(lambda s: "exit-status-0" in s, "a clean exit")

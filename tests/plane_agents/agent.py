@@ -17,6 +17,10 @@ workspace (the turn's cwd) for a test to read. Directives:
     huge                 write far more than the outbox limit into the outbox directly
     fail                 exit 1 after acting
     sleep: SECONDS       sleep (a turn that takes a while)
+    after SECONDS: LINE  sleep, then act on LINE (a note that comes late in a turn)
+
+A `` ;; `` in a line splits it into several (one line at the console's prompt can give
+several directives).
 """
 
 from __future__ import annotations
@@ -50,7 +54,14 @@ def main() -> int:
     answers: list[str] = []
     fail = False
     box = os.environ.get("MELCHIOR_PLANE_OUTBOX", "")
-    for line in prompt.splitlines():
+    lines = prompt.replace(" ;; ", "\n").splitlines()
+    while lines:
+        line = lines.pop(0)
+        late = re.match(r"^after ([0-9.]+): (.*)$", line)
+        if late:
+            time.sleep(float(late.group(1)))
+            lines.insert(0, late.group(2))
+            continue
         m = DIRECTIVE.match(line)
         if m:
             verb, to, text = m.groups()

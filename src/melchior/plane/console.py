@@ -16,18 +16,21 @@ events reach the panes without threads.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, RichLog, Static
 
 from melchior.plane.config import PlaneConfig
 from melchior.plane.delivery import Event
 from melchior.plane.runner import Plane
+from melchior.plane.state import Held
 
 if TYPE_CHECKING:
     from melchior.plane.webhook import Webhook
@@ -45,30 +48,119 @@ STYLE = {
 }
 
 
+GUARD_S = 0.3
+"""A key typed this soon after a question appears is not its answer: it was meant for
+the prompt (a hand mid-word cannot have read the note), so it stays there."""
+HEAD_LINES = 40
+TAIL_LINES = 40
+"""A long text shows its first and last lines on the pane; the whole is in ``plane log``."""
+LINE_CHARS = 2000
+"""The longest line a pane draws; a longer one is cut, saying how much is left out."""
+
+
+def shorten(text: str) -> str:
+    """``text`` as a pane draws it: bounded in lines and in characters per line, with the
+    cut said where it is — so a 4 MiB output costs the console what 80 lines do."""
+    lines = text.splitlines() or [""]
+    if len(lines) > HEAD_LINES + TAIL_LINES:
+        left = len(lines) - HEAD_LINES - TAIL_LINES
+        lines = [
+            *lines[:HEAD_LINES],
+            f"… {left} more lines; the whole text is in `melchior plane log` …",
+            *lines[-TAIL_LINES:],
+        ]
+    out = []
+    for line in lines:
+        if len(line) > LINE_CHARS:
+            line = f"{line[:LINE_CHARS]}… ({len(line) - LINE_CHARS} more characters in the log)"
+        out.append(line)
+    return "\n".join(out)
+
+
 class Pane(Vertical):
-    """One agent: its log and, when a held note waits, the question."""
+    """One agent: its log and, when a held note waits, the question with the note."""
 
     def __init__(self, agent: str) -> None:
         super().__init__(id=f"pane-{agent}", classes="pane")
         self.agent = agent
         self.log_view = RichLog(wrap=True, markup=False, max_lines=2000, min_width=16)
-        self.question = Static("", classes="question")
+        self.note = Static("", classes="note-text")
+        self.question = VerticalScroll(self.note, classes="question")
 
     def compose(self) -> ComposeResult:
         yield self.log_view
         yield self.question
 
     def write(self, event: Event) -> None:
+        """One event as one entry: a prefix column and the text beside it, so wrapped and
+        continuation lines keep their indent; drawn once whatever its length."""
         if event.kind == "state":
             return
         prefix = {"operator": "> ", "progress": "  . ", "turn": "-- ", "done": "<< "}.get(
             event.kind, f"[{event.kind}] "
         )
         style = STYLE.get(event.kind, "")
-        for i, line in enumerate(event.text.splitlines() or [""]):
-            self.log_view.write(
-                Text(("" if i == 0 else "   ") + (prefix if i == 0 else "") + line, style=style)
-            )
+        text = event.text
+        if event.kind == "question":  # the question itself is in the box, with the note
+            text = f"note to {(event.data or {}).get('to', '?')} held: it waits for your y / n"
+        grid = Table.grid(padding=0, expand=True)
+        grid.add_column(width=len(prefix), no_wrap=True)
+        grid.add_column(ratio=1, overflow="fold")
+        grid.add_row(Text(prefix, style=style), Text(shorten(text), style=style))
+        self.log_view.write(grid, expand=True)
+
+    def ask(self, held: Held, more: int) -> None:
+        """Show ``held``: who writes to whom on which hop, the note itself, and how many
+        more wait behind it (each is shown only once this one is answered)."""
+        waiting = f" · {more} more waiting" if more else ""
+        head = Text(
+            f"{held.sender} → {held.recipient} · hop {held.chain.hop}{waiting}\n",
+            style="bold",
+        )
+        body = Text(shorten(held.text) + "\n")
+        tail = Text(f"write to {held.recipient}? y / n  (y sends, any other key is no)")
+        self.note.update(Text.assemble(head, body, tail))
+        self.question.add_class("up")
+        self.question.scroll_home(animate=False)
+
+    def clear_question(self) -> None:
+        self.question.remove_class("up")
+
+
+class Prompt(Input):
+    """The prompt. It stays enabled and focused while a question is up, and does not
+    select its text on focus, so a half-typed line is never lost; a key that answers the
+    question is taken before the prompt sees it."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(
+            placeholder="type to the selected agent (/team, @name)",
+            id="prompt",
+            select_on_focus=False,
+        )
+        self.console_app = console
+
+    async def action_submit(self) -> None:
+        self._submit()
+
+    def _submit(self) -> None:
+        line = self.value
+        self.value = ""
+        self.console_app.submit_line(line)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if self.console_app.take_answer(event):
+            event.stop()
+            event.prevent_default()
+            return
+        if event.key == "enter":
+            # Taken here, in order with the keys around it: as a binding the submit ran
+            # after keys typed behind the Enter, which went into the line just sent.
+            event.stop()
+            event.prevent_default()
+            self._submit()
+            return
+        await super()._on_key(event)
 
 
 class Console(App[int]):
@@ -78,7 +170,9 @@ class Console(App[int]):
     #panes { height: 1fr; }
     .pane { border: round $panel-lighten-2; width: 1fr; }
     .pane.selected { border: double $accent; }
-    .question { display: none; border: round $warning; height: 3; padding: 0 1; }
+    .question { display: none; border: round $warning; height: auto; max-height: 14;
+                padding: 0 1; }
+    .note-text { height: auto; }
     .question.up { display: block; }
     #status { height: 1; background: $panel; }
     #prompt { dock: bottom; }
@@ -96,10 +190,13 @@ class Console(App[int]):
         self.order = list(plane.config.ids)
         self.selected = 0
         self.webhook_at = ""
+        self.asked_at: dict[str, tuple[int, float]] = {}
+        """Per agent: the held note its box shows and when it was put in front of the
+        operator (for the guard)."""
         self.drawn = asyncio.Event()
         """Set once the app is mounted: the plane starts (and recovers) only then."""
         self.status = Static("", id="status")
-        self.prompt = Input(placeholder="type to the selected agent (/team, @name)", id="prompt")
+        self.prompt = Prompt(self)
         # Events that come before the app runs (the recovery after a restart, a webhook
         # line in the first instant) cannot touch a widget yet: they wait here and are
         # drawn, in order, once the app is mounted.
@@ -119,6 +216,7 @@ class Console(App[int]):
     def on_mount(self) -> None:
         self.title = "melchior plane"
         self._select(0)
+        self.prompt.focus()
         early, self._early = self._early or [], None
         for event in early:
             self.on_plane_event(event)
@@ -134,6 +232,9 @@ class Console(App[int]):
         for i, agent in enumerate(self.order):
             self.panes[agent].set_class(i == self.selected, "selected")
         self._refresh_titles()
+        asked = self.plane.questions(self.agent)
+        if asked:  # the box is in front of the operator from now on
+            self.asked_at[self.agent] = (asked[0].id, time.monotonic())
         self._refresh_prompt()
 
     def action_move(self, step: int) -> None:
@@ -157,27 +258,56 @@ class Console(App[int]):
         self._refresh_titles()
 
     def _show_question(self, agent: str) -> None:
+        """The box shows the oldest held note of ``agent``; the guard starts when a
+        different note comes up."""
         asked = self.plane.questions(agent)
         pane = self.panes.get(agent)
         if pane is None:
             return
         if asked:
-            pane.question.update(Text(f"write to {asked[0].recipient}? y / n"))
-            pane.question.add_class("up")
+            held = asked[0]
+            if self.asked_at.get(agent, (None,))[0] != held.id:
+                self.asked_at[agent] = (held.id, time.monotonic())
+            pane.ask(held, len(asked) - 1)
         else:
-            pane.question.remove_class("up")
+            self.asked_at.pop(agent, None)
+            pane.clear_question()
         self._refresh_prompt()
 
     def _refresh_prompt(self) -> None:
+        """Only the placeholder changes: the prompt is never disabled nor re-focused, so
+        what was typed and where the cursor is survive every question and refresh."""
         asking = bool(self.plane.questions(self.agent))
-        self.prompt.disabled = asking
-        if not asking:
-            self.prompt.focus()
         self.prompt.placeholder = (
-            f"{self.agent} asks a question above: y sends it, any other key is no"
+            f"{self.agent} asks above: y sends the note, any other key is no"
             if asking
             else f"type to {self.agent} (/team, /team NAME, @name)"
         )
+
+    def take_answer(self, event: events.Key) -> bool:
+        """Is ``event`` the answer to the selected agent's question? Then answer it.
+
+        A printable key, Enter or Escape answers (``y`` sends, the rest is no); other keys
+        (arrows, scrolling, the bindings) do not. Within :data:`GUARD_S` of the box
+        appearing a key is not an answer: a printable one goes on into the prompt, Enter
+        and Escape are swallowed so a line is not sent under a question just raised."""
+        asked = self.plane.questions(self.agent)
+        if not asked:
+            return False
+        answering = event.is_printable or event.key in ("enter", "escape")
+        if not answering:
+            return False
+        held = asked[0]
+        shown = self.asked_at.get(self.agent)
+        if shown is None or shown[0] != held.id:
+            self._show_question(self.agent)
+            shown = self.asked_at.get(self.agent)
+        if shown is not None and time.monotonic() - shown[1] < GUARD_S:
+            return event.key in ("enter", "escape")
+        self.plane.answer(held.id, event.character or event.key)
+        self._show_question(self.agent)
+        self._refresh_status()
+        return True
 
     def on_plane_event(self, event: Event) -> None:
         if self._early is not None:
@@ -192,24 +322,13 @@ class Console(App[int]):
 
     # -- input ------------------------------------------------------------------------------
 
-    def on_input_submitted(self, message: Input.Submitted) -> None:
-        line = message.value
-        self.prompt.value = ""
+    def submit_line(self, line: str) -> None:
+        """A line the operator typed at the selected agent's prompt."""
         if not line.strip():
             return
         shown = self.plane.operator_line(self.agent, line)
         if not shown.startswith("> "):
             return  # a /team line: its answer is already in the pane
-        self._refresh_status()
-
-    def on_key(self, event: events.Key) -> None:
-        asked = self.plane.questions(self.agent)
-        if not asked or not self.prompt.disabled:
-            return
-        event.stop()
-        event.prevent_default()
-        self.plane.answer(asked[0].id, event.character or event.key)
-        self._show_question(self.agent)
         self._refresh_status()
 
 
