@@ -17,6 +17,7 @@ workspace (the turn's cwd) for a test to read. Directives:
     huge                 write far more than the outbox limit into the outbox directly
     fail                 exit 1 after acting
     sleep: SECONDS       sleep (a turn that takes a while)
+    print: N             N numbered lines of output (a long answer)
     after SECONDS: LINE  sleep, then act on LINE (a note that comes late in a turn)
 
 A `` ;; `` in a line splits it into several (one line at the console's prompt can give
@@ -87,6 +88,9 @@ def main() -> int:
             with open(box, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"to": "x", "text": "y" * 1000}) + "\n")
                 f.write("z" * (2 * 1024 * 1024))
+        elif line.startswith("print: "):
+            count = int(line[7:])
+            answers.append("\n".join(f"output line {i} " + "." * 24 for i in range(1, count + 1)))
         elif line == "fail":
             fail = True
         elif line.startswith("sleep: "):

@@ -373,11 +373,11 @@ class Plane:
             reason=result.error,
             text=result.text,
         )
-        ended = (
-            f"turn failed: {result.error}"
-            if not result.ok
-            else result.text or "(the turn ended without an answer)"
-        )
+        if not result.ok:  # what it printed before it failed is often the why
+            printed = f"\nits output:\n{result.text}" if result.text.strip() else ""
+            ended = f"turn failed: {result.error}{printed}"
+        else:
+            ended = result.text or "(the turn ended without an answer)"
         self.emit(
             Event(
                 agent,
