@@ -77,6 +77,14 @@ def shorten(text: str) -> str:
     return "\n".join(out)
 
 
+HELP = (
+    "ctrl+n/ctrl+p: next/previous pane · PgUp/PgDn: scroll the pane · Home/End (empty "
+    "prompt): top/bottom · ctrl+x: stop the selected agent's running turn · a question: y "
+    "sends, any other key is no · ? or F1: this help · ctrl+q: quit"
+)
+"""The help line: every control of the console, in one place (also in docs/plane.md)."""
+
+
 class Pane(Vertical):
     """One agent: its log and, when a held note waits, the question with the note."""
 
@@ -153,6 +161,10 @@ class Prompt(Input):
             event.stop()
             event.prevent_default()
             return
+        if self.console_app.control_key(event.key, empty=not self.value):
+            event.stop()
+            event.prevent_default()
+            return
         if event.key == "enter":
             # Taken here, in order with the keys around it: as a binding the submit ran
             # after keys typed behind the Enter, which went into the line just sent.
@@ -175,12 +187,16 @@ class Console(App[int]):
     .note-text { height: auto; }
     .question.up { display: block; }
     #status { height: 1; background: $panel; }
+    #help { display: none; height: auto; background: $panel; padding: 0 1; }
+    #help.up { display: block; }
     #prompt { dock: bottom; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+n,ctrl+right", "move(1)", "next pane", priority=True),
         Binding("ctrl+p,ctrl+left", "move(-1)", "previous pane", priority=True),
         Binding("ctrl+q", "quit", "quit", priority=True),
+        Binding("ctrl+x", "stop_turn", "stop the selected agent's turn", priority=True),
+        Binding("f1", "help", "help", priority=True),
     ]
 
     def __init__(self, plane: Plane) -> None:
@@ -196,6 +212,7 @@ class Console(App[int]):
         self.drawn = asyncio.Event()
         """Set once the app is mounted: the plane starts (and recovers) only then."""
         self.status = Static("", id="status")
+        self.help = Static(Text(HELP), id="help")
         self.prompt = Prompt(self)
         # Events that come before the app runs (the recovery after a restart, a webhook
         # line in the first instant) cannot touch a widget yet: they wait here and are
@@ -210,6 +227,7 @@ class Console(App[int]):
     def compose(self) -> ComposeResult:
         with Horizontal(id="panes"):
             yield from self.panes.values()
+        yield self.help
         yield self.status
         yield self.prompt
 
@@ -321,6 +339,34 @@ class Console(App[int]):
         self._refresh_status()
 
     # -- input ------------------------------------------------------------------------------
+
+    def control_key(self, key: str, *, empty: bool) -> bool:
+        """The console's own keys that reach the prompt: scrolling the selected pane
+        (PgUp/PgDn always; Home/End when the prompt is empty, else they move its cursor)
+        and ``?`` for help on an empty prompt. True when taken."""
+        log = self.panes[self.agent].log_view
+        if key == "pageup":
+            log.scroll_page_up(animate=False)
+        elif key == "pagedown":
+            log.scroll_page_down(animate=False)
+        elif key == "home" and empty:
+            log.scroll_home(animate=False)
+        elif key == "end" and empty:
+            log.scroll_end(animate=False)
+        elif key == "question_mark" and empty:
+            self.action_help()
+        else:
+            return False
+        return True
+
+    def action_help(self) -> None:
+        self.help.toggle_class("up")
+
+    def action_stop_turn(self) -> None:
+        if not self.plane.stop_turn(self.agent):
+            self.panes[self.agent].write(
+                Event(self.agent, "error", f"ctrl+x: no turn of {self.agent} is running")
+            )
 
     def submit_line(self, line: str) -> None:
         """A line the operator typed at the selected agent's prompt."""

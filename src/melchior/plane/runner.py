@@ -69,6 +69,8 @@ class Plane:
         self._running: set[str] = set()
         self._quiet = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._turn_tasks: dict[str, asyncio.Task[TurnResult]] = {}
+        self._stopping: set[str] = set()
 
     # -- watching ---------------------------------------------------------------------------
 
@@ -237,6 +239,17 @@ class Plane:
                     self._kick(agent)
             self._check_quiet()
 
+    def stop_turn(self, agent: str) -> bool:
+        """The operator stops ``agent``'s running turn (its process tree is killed as on
+        a plane stop) and the plane goes on. False when no turn of ``agent`` runs."""
+        self._check_agent(agent)
+        task = self._turn_tasks.get(agent)
+        if task is None or task.done():
+            return False
+        self._stopping.add(agent)
+        task.cancel()
+        return True
+
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -349,11 +362,20 @@ class Plane:
         async def progress(p: Progress) -> None:
             self.emit(Event(agent, "progress", p.text, {"kind": p.kind}))
 
-        try:
-            result = await self.runtimes[agent].run(
+        running = asyncio.ensure_future(
+            self.runtimes[agent].run(
                 Turn(prompt=prompt, cwd=ws, message=message, env=env), progress
             )
+        )
+        self._turn_tasks[agent] = running
+        try:
+            result = await running
         except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if agent in self._stopping and (current is None or not current.cancelling()):
+                self._stopped_by_operator(agent, turn, inp)
+                return
+
             # Stopped mid-turn: the process group is gone; record it as a crash would be
             # found on the next start (never run again, whoever waited is told).
             with self.state.tx():
@@ -361,6 +383,9 @@ class Plane:
                 self.state.set_input(inp.id, "running")
                 self._interrupted(self.state.interrupted(inp.id))
             raise
+        finally:
+            self._turn_tasks.pop(agent, None)
+            self._stopping.discard(agent)
         cost = result.usage.get("cost_usd")
         self.state.end_turn(
             turn, result.state, result.text, result.error, float(cost) if cost else None
@@ -388,6 +413,25 @@ class Plane:
         )
         self._deliver_outbox(agent, turn, origin, mentioned, box)
         self._route(agent, turn, origin, result, inp)
+
+    def _stopped_by_operator(self, agent: str, turn: int, inp: Input) -> None:
+        """The operator's ctrl+x: the turn ends as stopped, its outbox is not read (its
+        notes were not finished), and whoever waited on it is told."""
+        reason = "stopped by the operator"
+        with self.state.tx():
+            self.state.end_turn(turn, "stopped", "", reason, None)
+            self.state.set_input(inp.id, "stopped")
+            self.state.log(
+                "turn",
+                recipient=agent,
+                receipt="stopped",
+                rule="operator-stop",
+                turn=turn,
+                reason=reason,
+            )
+            if inp.kind == "note" and inp.sender:
+                self.state.notice(inp.sender, f"{agent}'s turn on your note was {reason}.")
+        self.emit(Event(agent, "error", f"turn {reason}; its outbox was not read", {"turn": turn}))
 
     def _deliver_outbox(
         self, agent: str, turn: int, origin: Origin, mentioned: frozenset[str], box: Path
