@@ -79,3 +79,37 @@ def test_page_keys_scroll_the_pane_and_the_help_line_lists_the_controls(
     tmux.type("why?")  # in a line, ? is just a character
     tmux.wait_for(lambda s: "why?" in s, "the question mark typed")
     tmux.key("C-q")
+
+
+def test_ctrl_r_runs_a_stopped_turn_again_and_ctrl_o_shows_the_queue(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.key("C-r")
+    tmux.wait_for(lambda s: "planner has had no turn to run again" in s, "nothing to re-run")
+    tmux.type("sleep: 300 ;; answer: done at last")
+    tmux.key("Enter")
+    tmux.wait_for(lambda s: "(pid " in s, "the turn running")
+    tmux.type("answer: the second line")
+    tmux.key("Enter")  # queued behind the running turn
+    tmux.wait_for(lambda s: "> answer: the second line" in s, "the second line taken")
+    tmux.key("C-o")
+    screen = tmux.wait_for(lambda s: "queued for planner: 1 turn(s)" in s, "the queue")
+    assert "1. operator: answer: the second line" in screen
+    tmux.key("C-x")
+    tmux.wait_for(lambda s: "<< the second line" in s, "the queued turn after the stop")
+    tmux.key("C-r")  # the last turn completed: it is not run again, and that is said
+    tmux.wait_for(lambda s: "only a failed, interrupted or stopped turn" in s, "the refusal")
+    tmux.type("sleep: 300")
+    tmux.key("Enter")
+    tmux.wait_for(lambda s: "turn 3 (operator)" in s, "the third turn running")
+    tmux.key("C-x")
+    tmux.wait_for(lambda s: s.count("turn stopped by the operator") == 2, "stopped")
+    tmux.key("C-r")
+    tmux.wait_for(lambda s: "the stopped turn (operator) is queued again" in s, "re-queued")
+    tmux.wait_for(lambda s: "turn 4 (operator)" in s, "the turn run again")
+    tmux.key("C-x")
+    tmux.wait_for(lambda s: s.count("turn stopped by the operator") == 3, "stopped again")
+    tmux.key("C-q")

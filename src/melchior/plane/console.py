@@ -79,7 +79,8 @@ def shorten(text: str) -> str:
 
 HELP = (
     "ctrl+n/ctrl+p: next/previous pane · PgUp/PgDn: scroll the pane · Home/End (empty "
-    "prompt): top/bottom · ctrl+x: stop the selected agent's running turn · a question: y "
+    "prompt): top/bottom · ctrl+x: stop the selected agent's running turn · ctrl+r: run "
+    "its failed/interrupted/stopped turn again · ctrl+o: what is queued for it · a question: y "
     "sends, any other key is no · ? or F1: this help · ctrl+q: quit"
 )
 """The help line: every control of the console, in one place (also in docs/plane.md)."""
@@ -196,6 +197,8 @@ class Console(App[int]):
         Binding("ctrl+p,ctrl+left", "move(-1)", "previous pane", priority=True),
         Binding("ctrl+q", "quit", "quit", priority=True),
         Binding("ctrl+x", "stop_turn", "stop the selected agent's turn", priority=True),
+        Binding("ctrl+r", "rerun", "run the last failed turn again", priority=True),
+        Binding("ctrl+o", "queued", "what is queued for the selected agent", priority=True),
         Binding("f1", "help", "help", priority=True),
     ]
 
@@ -367,6 +370,13 @@ class Console(App[int]):
             self.panes[self.agent].write(
                 Event(self.agent, "error", f"ctrl+x: no turn of {self.agent} is running")
             )
+
+    def action_rerun(self) -> None:
+        self.panes[self.agent].write(Event(self.agent, "team", self.plane.rerun(self.agent)))
+        self._refresh_status()
+
+    def action_queued(self) -> None:
+        self.panes[self.agent].write(Event(self.agent, "team", self.plane.queued(self.agent)))
 
     def submit_line(self, line: str) -> None:
         """A line the operator typed at the selected agent's prompt."""

@@ -250,6 +250,56 @@ class Plane:
         task.cancel()
         return True
 
+    RERUNNABLE = ("failed", "interrupted", "stopped")
+    """Turn states the operator may run again (ctrl+r): one that did not finish."""
+
+    def rerun(self, agent: str) -> str:
+        """Queue ``agent``'s last turn again when it failed, was interrupted or stopped
+        — the operator's choice, since a coding agent may already have acted; returns
+        what the console shows (why not, when it is not run)."""
+        self._check_agent(agent)
+        last = self.state.last_turn(agent)
+        if last is None:
+            return f"ctrl+r: {agent} has had no turn to run again"
+        turn, state, inp = last
+        if state not in self.RERUNNABLE:
+            return (
+                f"ctrl+r: {agent}'s last turn {state}; only a failed, interrupted or "
+                "stopped turn is run again"
+            )
+        with self.state.tx():
+            self.state.enqueue(
+                agent,
+                inp.kind,
+                inp.text,
+                sender=inp.sender,
+                chain=inp.chain,
+                mentions=inp.mentions,
+                message_id=inp.message_id,
+            )
+            self.state.log(
+                "turn",
+                recipient=agent,
+                receipt="queued",
+                rule="operator-rerun",
+                reason=f"the operator runs the {state} turn again",
+                turn=turn,
+            )
+        self._kick(agent)
+        return f"ctrl+r: the {state} turn ({inp.kind}) is queued again"
+
+    def queued(self, agent: str) -> str:
+        """What waits for ``agent``: its queued wake-ups and its held questions."""
+        self._check_agent(agent)
+        rows = []
+        for i, inp in enumerate(self.state.pending(agent), start=1):
+            source = f" from {inp.sender}" if inp.sender and inp.sender != inp.kind else ""
+            first = inp.text.splitlines()[0][:70] if inp.text else ""
+            rows.append(f"{i}. {inp.kind}{source}: {first}")
+        held = self.state.waiting(agent)
+        head = f"queued for {agent}: {len(rows)} turn(s), {len(held)} question(s) held"
+        return "\n".join([head, *rows, *(f"held: write to {h.recipient}?" for h in held)])
+
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
