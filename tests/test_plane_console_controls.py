@@ -113,3 +113,18 @@ def test_ctrl_r_runs_a_stopped_turn_again_and_ctrl_o_shows_the_queue(
     tmux.key("C-x")
     tmux.wait_for(lambda s: s.count("turn stopped by the operator") == 3, "stopped again")
     tmux.key("C-q")
+
+
+def test_ctrl_f_searches_the_pane_for_the_prompts_text(tmp_path: Path, tmux: Tmux) -> None:
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.type("print: 30")
+    tmux.key("Enter")
+    tmux.wait_for(lambda s: "output line 30 " in s, "the output")
+    tmux.type("LINE 2")
+    tmux.key("C-f")
+    screen = tmux.wait_for(lambda s: "search 'LINE 2': " in s, "the search")
+    assert "search 'LINE 2': 11 line(s)" in screen  # 2 and 20-29, case-insensitive
+    assert "LINE 2" in screen.splitlines()[-2] + screen.splitlines()[-3]  # the prompt kept it
+    tmux.key("C-q")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
@@ -80,8 +81,9 @@ def shorten(text: str) -> str:
 HELP = (
     "ctrl+n/ctrl+p: next/previous pane · PgUp/PgDn: scroll the pane · Home/End (empty "
     "prompt): top/bottom · ctrl+x: stop the selected agent's running turn · ctrl+r: run "
-    "its failed/interrupted/stopped turn again · ctrl+o: what is queued for it · a question: y "
-    "sends, any other key is no · ? or F1: this help · ctrl+q: quit"
+    "its failed/interrupted/stopped turn again · ctrl+o: what is queued for it · "
+    "ctrl+f: search the pane for the prompt's text · a question: y sends, any other key "
+    "is no · ? or F1: this help · ctrl+q: quit"
 )
 """The help line: every control of the console, in one place (also in docs/plane.md)."""
 
@@ -95,6 +97,8 @@ class Pane(Vertical):
         self.log_view = RichLog(wrap=True, markup=False, max_lines=2000, min_width=16)
         self.note = Static("", classes="note-text")
         self.question = VerticalScroll(self.note, classes="question")
+        self.history: deque[str] = deque(maxlen=2000)
+        """What the pane drew, as text, for ctrl+f (bounded as the log view is)."""
 
     def compose(self) -> ComposeResult:
         yield self.log_view
@@ -115,7 +119,9 @@ class Pane(Vertical):
         grid = Table.grid(padding=0, expand=True)
         grid.add_column(width=len(prefix), no_wrap=True)
         grid.add_column(ratio=1, overflow="fold")
-        grid.add_row(Text(prefix, style=style), Text(shorten(text), style=style))
+        drawn = shorten(text)
+        self.history.extend(f"{prefix}{line}" for line in drawn.splitlines())
+        grid.add_row(Text(prefix, style=style), Text(drawn, style=style))
         self.log_view.write(grid, expand=True)
 
     def ask(self, held: Held, more: int) -> None:
@@ -199,6 +205,7 @@ class Console(App[int]):
         Binding("ctrl+x", "stop_turn", "stop the selected agent's turn", priority=True),
         Binding("ctrl+r", "rerun", "run the last failed turn again", priority=True),
         Binding("ctrl+o", "queued", "what is queued for the selected agent", priority=True),
+        Binding("ctrl+f", "search", "search the pane for the prompt's text", priority=True),
         Binding("f1", "help", "help", priority=True),
     ]
 
@@ -377,6 +384,21 @@ class Console(App[int]):
 
     def action_queued(self) -> None:
         self.panes[self.agent].write(Event(self.agent, "team", self.plane.queued(self.agent)))
+
+    def action_search(self) -> None:
+        """ctrl+f: the prompt's text is searched for (case-insensitive) in what the
+        selected pane drew; the matching lines are listed on the pane and the prompt
+        keeps its text (to refine it, or to send it after all)."""
+        term = self.prompt.value.strip()
+        pane = self.panes[self.agent]
+        if not term:
+            text = "ctrl+f: type what to look for in the prompt first, then ctrl+f"
+        else:
+            hits = [line for line in pane.history if term.lower() in line.lower()]
+            shown = hits[-20:]
+            more = f" (the last {len(shown)} shown)" if len(hits) > len(shown) else ""
+            text = "\n".join([f"search {term!r}: {len(hits)} line(s){more}", *shown])
+        pane.write(Event(self.agent, "search", text))
 
     def submit_line(self, line: str) -> None:
         """A line the operator typed at the selected agent's prompt."""
