@@ -1,16 +1,18 @@
 """The operator console: a pane per agent, a prompt, and a status line (a textual app).
 
-Each pane shows its agent's turns as they stream, the notes it sends and receives with
-their receipts, refusals, and — in a box on that agent's own pane — the question for a
-held note, ``write to NAME? y / n``. The prompt at the bottom types into the selected
-pane's agent (``/team`` lines and ``@`` mentions included); ``ctrl+n`` / ``ctrl+p`` (or
-``ctrl+right`` / ``ctrl+left``) move between panes; ``ctrl+q`` quits. While the selected
-agent has a question up, the prompt steps aside and the next key answers it: ``y`` sends,
-every other key is no — which is what makes it safe to raise under a hand that was
-typing something else.
+Each pane shows its agent's turns as they stream (a long text as its head and tail, the
+whole in the log), the notes it sends and receives with their receipts, refusals, and —
+in a box on that agent's own pane — the held note itself with ``write to NAME? y / n``,
+one question at a time. The prompt at the bottom types into the selected pane's agent
+(``/team`` lines and ``@`` mentions included). While the selected agent has a question
+up, the next key answers it (``y`` sends, every other key is no), except within
+:data:`GUARD_S` of the box appearing, when it goes on into the prompt: the prompt is
+never disabled nor re-focused, so a half-typed line survives every question. The keys
+are listed in :data:`HELP` (``?`` / ``F1``) and in docs/plane.md.
 
-The plane runs in the same event loop, owned by the same task group as the app, so
-events reach the panes without threads.
+The plane runs in the same event loop, owned by the same task group as the app, and
+starts once the app is drawn, so events (the recovery after a restart included) reach
+the panes without threads.
 """
 
 from __future__ import annotations
