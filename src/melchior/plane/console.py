@@ -332,7 +332,10 @@ class Console(App[int]):
         if shown is None or shown[0] != held.id:
             self._show_question(self.agent)
             shown = self.asked_at.get(self.agent)
-        if shown is not None and time.monotonic() - shown[1] < GUARD_S:
+        # measured from when the key was read (textual stamps it, with the monotonic
+        # clock on POSIX), not when it is handled: a busy loop must not turn keys typed
+        # in one burst with the box into answers
+        if shown is not None and event.time - shown[1] < GUARD_S:
             return event.key in ("enter", "escape")
         self.plane.answer(held.id, event.character or event.key)
         self._show_question(self.agent)
