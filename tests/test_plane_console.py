@@ -84,8 +84,11 @@ def test_type_a_line_answer_y_and_see_the_panes_update(tmp_path: Path, tmux: Tmu
     tmux("send-keys", "-t", "plane", "-l", "send ledger: answer: 42 euros")
     tmux("send-keys", "-t", "plane", "Enter")
     screen = tmux.wait_for(lambda s: "write to ledger? y / n" in s, "the held note's question")
+    assert "planner → ledger · hop 1" in screen
+    assert "answer: 42 euros" in screen.split("planner → ledger")[1]  # the note in the box
     assert "> send ledger: answer: 42 euros" in screen
     assert "y/n:1" in screen  # the status line counts the question
+    time.sleep(0.5)  # past the guard: a key just after the box appears is not an answer
     tmux("send-keys", "-t", "plane", "-l", "y")
     screen = tmux.wait_for(lambda s: "<< 42 euros" in s, "ledger's answer")
     assert "(hop 1, operator-yes)" in screen
@@ -97,7 +100,9 @@ def test_type_a_line_answer_y_and_see_the_panes_update(tmp_path: Path, tmux: Tmu
     tmux.wait_for(lambda s: "▶ ledger" in s, "ledger's pane selected")
     tmux("send-keys", "-t", "plane", "-l", "/team")
     tmux("send-keys", "-t", "plane", "Enter")
-    screen = tmux.wait_for(lambda s: "/team at ledger: planner (no door)" in s, "the team listing")
-    assert "planner: idle 2/100 turns" in screen
-    assert "ledger: idle 1/100 turns" in screen
+    tmux.wait_for(lambda s: "/team at ledger: planner (no door)" in s, "the team listing")
+    tmux.wait_for(
+        lambda s: "planner: idle 2/100 turns" in s and "ledger: idle 1/100 turns" in s,
+        "both ceilings on the status line",
+    )
     tmux("send-keys", "-t", "plane", "C-q")

@@ -171,3 +171,56 @@ def test_garbage_and_a_huge_outbox_are_refused_clearly_and_nothing_else_is_lost(
     assert len(ledger) == 2
     nxt = turns(config, "planner")[1]["prompt"]
     assert "Your outbox was not all read: line 2 of the outbox is not a note: it is not JSON" in nxt
+
+
+def test_a_refused_note_never_counts_toward_the_three(tmp_path: Path) -> None:
+    """Outbox lines ledger, auditor, ledger (again), planner (itself), scribe, clerk: the
+    second ledger and the note to itself are refused and cost nothing, so scribe is the
+    third note and only clerk meets the per-turn limit, which names the three that went."""
+    names = ["ledger", "auditor", "scribe", "clerk"]
+    path = write_plane(
+        tmp_path,
+        [{"id": "planner", "talksTo": names}, *({"id": n} for n in names)],
+    )
+    config = load_plane(path)
+
+    async def main() -> None:
+        async with running(config) as (plane, _w):
+            plane.operator_line(
+                "planner",
+                "outbox ledger: one\noutbox auditor: two\noutbox ledger: again\n"
+                "outbox planner: me\noutbox scribe: three\noutbox clerk: four",
+            )
+            await settle(plane)
+            notes = [(n["recipient"], n["receipt"], n.get("rule")) for n in log(plane, "note")]
+            assert notes == [
+                ("ledger", "delivered", "talks-to"),
+                ("auditor", "delivered", "talks-to"),
+                ("ledger", "refused", "once-each"),
+                ("planner", "refused", "self"),
+                ("scribe", "delivered", "talks-to"),
+                ("clerk", "refused", "per-turn"),
+            ]
+            (clerk,) = [n for n in log(plane, "note") if n["recipient"] == "clerk"]
+            assert "this turn already wrote to ledger, auditor, scribe." in clerk["reason"]
+
+    run(main)
+    assert [len(turns(config, x)) for x in names] == [1, 1, 1, 0]
+
+
+def test_each_agent_counts_its_own_turns(tmp_path: Path) -> None:
+    """The pane's "turn N" is the agent's own count, the one its status line shows."""
+    config = load_plane(write_plane(tmp_path, [{"id": "planner"}, {"id": "ledger"}]))
+
+    async def main() -> None:
+        async with running(config) as (plane, watch):
+            for _ in range(3):
+                plane.operator_line("planner", "answer: ok")
+                await settle(plane)
+            plane.operator_line("ledger", "answer: ok")
+            await settle(plane)
+            assert [e.text for e in watch.of("ledger", "turn")] == ["turn 1 (operator)"]
+            assert [e.text for e in watch.of("planner", "turn")][-1] == "turn 3 (operator)"
+            assert plane.status("ledger").turns == 1
+
+    run(main)

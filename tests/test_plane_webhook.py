@@ -71,6 +71,8 @@ def test_a_webhook_line_wakes_the_agent_fenced_and_its_at_and_team_are_inert(
 
     run(main)
     first = turns(config, "planner")[0]["prompt"]
+    assert "written by another agent" not in first  # a stranger's line, not a peer's note
+    assert "arrived from outside, through webhook, at stranger trust" in first
     assert first.startswith("A line that arrived from outside this plane (webhook)")
     assert unfence(first[first.index("The text between") :]) == (
         "webhook",
@@ -99,5 +101,31 @@ def test_the_webhook_refuses_without_the_token_and_bounds_what_it_reads(tmp_path
             assert (await client.post(url, content="<a/>", headers=xml)).status_code == 415
             await settle(plane)
             assert log(plane, "webhook") == []
+
+    run(main)
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_a_turn_says_webhook_once(
+    tmp_path: Path,
+) -> None:
+    config = load_plane(write_plane(tmp_path, [{"id": "planner"}]))
+
+    async def main() -> None:
+        async with running(config) as (plane, watch), hooked(plane) as client:
+            url = "/agents/planner/lines"
+            for scheme in ("bearer", "BEARER", "Bearer"):
+                auth = {"authorization": f"{scheme} {TOKEN}"}
+                r = await client.post(url, content="answer: hi", headers=auth)
+                assert r.status_code == 202, (scheme, r.text)
+            for wrong in (f"Basic {TOKEN}", TOKEN, f"bearer{TOKEN}", "bearer", f"bearer x{TOKEN}"):
+                r = await client.post(url, content="hi", headers={"authorization": wrong})
+                assert r.status_code == 401, wrong
+                assert "Authorization: Bearer TOKEN" in r.json()["error"]["reason"]
+            await settle(plane)
+            assert [e.text for e in watch.of("planner", "turn")] == [
+                "turn 1 (webhook)",
+                "turn 2 (webhook)",
+                "turn 3 (webhook)",
+            ]
 
     run(main)

@@ -11,10 +11,17 @@ workspace (the turn's cwd) for a test to read. Directives:
     team                 melchior tool --verb=team
     team-line: LINE      melchior tool --verb=team --message=LINE
     answer: TEXT         TEXT is printed as the turn's answer (default: nothing)
+    outbox NAME: TEXT    write the note into the outbox directly, unchecked (as an agent
+                         that skips the verb could)
     garbage              write lines that are not notes into the outbox directly
     huge                 write far more than the outbox limit into the outbox directly
     fail                 exit 1 after acting
     sleep: SECONDS       sleep (a turn that takes a while)
+    print: N             N numbered lines of output (a long answer)
+    after SECONDS: LINE  sleep, then act on LINE (a note that comes late in a turn)
+
+A `` ;; `` in a line splits it into several (one line at the console's prompt can give
+several directives).
 """
 
 from __future__ import annotations
@@ -48,7 +55,14 @@ def main() -> int:
     answers: list[str] = []
     fail = False
     box = os.environ.get("MELCHIOR_PLANE_OUTBOX", "")
-    for line in prompt.splitlines():
+    lines = prompt.replace(" ;; ", "\n").splitlines()
+    while lines:
+        line = lines.pop(0)
+        late = re.match(r"^after ([0-9.]+): (.*)$", line)
+        if late:
+            time.sleep(float(late.group(1)))
+            lines.insert(0, late.group(2))
+            continue
         m = DIRECTIVE.match(line)
         if m:
             verb, to, text = m.groups()
@@ -63,6 +77,10 @@ def main() -> int:
             calls.append(tool("--verb=team", f"--message={line[11:]}"))
         elif line.startswith("answer: "):
             answers.append(line[8:])
+        elif line.startswith("outbox ") and ": " in line:
+            to, _, text = line[7:].partition(": ")
+            with open(box, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"to": to, "text": text}) + "\n")
         elif line == "garbage":
             with open(box, "a", encoding="utf-8") as f:
                 f.write('not json\n{"to": 5}\n[1, 2]\n')
@@ -70,6 +88,9 @@ def main() -> int:
             with open(box, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"to": "x", "text": "y" * 1000}) + "\n")
                 f.write("z" * (2 * 1024 * 1024))
+        elif line.startswith("print: "):
+            count = int(line[7:])
+            answers.append("\n".join(f"output line {i} " + "." * 24 for i in range(1, count + 1)))
         elif line == "fail":
             fail = True
         elif line.startswith("sleep: "):

@@ -191,23 +191,56 @@ def event_line(event: Event) -> str:
     return f"{event.agent} | {event.kind}: {text}"
 
 
-async def _lines(stdin: TextIO) -> Any:
-    """stdin line by line without a thread that could outlive the loop."""
-    import asyncio
+def _watchable(fd: int) -> bool:
+    """Can the event loop wait on ``fd``? Pipes, sockets and terminals, yes; a regular
+    file or ``/dev/null`` (a character device epoll refuses) never blocks, so it is read
+    straight through instead — asked before, because asyncio only finds out in a callback
+    after ``connect_read_pipe`` has returned, and the read then never ends."""
+    import os
+    import stat
 
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
     try:
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    return stat.S_ISCHR(mode) and os.isatty(fd)
+
+
+async def _lines(stdin: TextIO) -> Any:
+    """stdin line by line without a thread that could outlive the loop.
+
+    A pipe, a socket or a terminal is watched by the loop (a closed pipe is the end of
+    input); a file or ``/dev/null`` is read at once. A terminal's flags are put back as
+    they were, so the shell the operator returns to is not left non-blocking."""
+    import asyncio
+    import os
+
+    try:
+        fd = stdin.fileno()
     except (OSError, ValueError):
-        for line in stdin.read().splitlines():
+        fd = -1
+    if fd < 0 or not _watchable(fd):
+        text = stdin.read() if fd < 0 else os.read(fd, 1 << 30).decode("utf-8", "replace")
+        for line in text.splitlines():
             yield line
         return
-    while True:
-        raw = await reader.readline()
-        if not raw:
-            return
-        yield raw.decode("utf-8", "replace").rstrip("\r\n")
+    blocking = os.get_blocking(fd)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(fd), "rb", buffering=0)
+    )
+    try:
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                return
+            yield raw.decode("utf-8", "replace").rstrip("\r\n")
+    finally:
+        transport.close()
+        os.set_blocking(fd, blocking)
 
 
 async def _script(plane: Plane, stdin: TextIO, say: Any) -> None:
@@ -250,14 +283,19 @@ async def headless(config: PlaneConfig, stdin: TextIO, out: TextIO, *, serve: bo
     webhook = None
     where = ""
     if config.webhook is not None:
-        from melchior.plane.webhook import Webhook
+        from melchior.plane.webhook import Webhook, WebhookPortError
 
         token = os.environ.get(config.webhook.token_env, "")
         if not token:
             say(f"melchior plane: the webhook needs a token in ${config.webhook.token_env}")
             plane.state.close()
             return EXIT_CONFIG
-        webhook = Webhook(plane, token, config.webhook.listen, config.webhook.port)
+        try:
+            webhook = Webhook(plane, token, config.webhook.listen, config.webhook.port)
+        except WebhookPortError as exc:
+            print(f"melchior plane: {exc}", file=sys.stderr)
+            plane.state.close()
+            return EXIT_CONFIG
         where = f"http://{config.webhook.listen}:{webhook.port}/agents/NAME/lines"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -265,18 +303,26 @@ async def headless(config: PlaneConfig, stdin: TextIO, out: TextIO, *, serve: bo
         loop.add_signal_handler(sig, stop.set)
 
     async def script_then_stop() -> None:
-        await _script(plane, stdin, say)
-        if serve:
-            await stop.wait()
-        else:
-            quiet = asyncio.ensure_future(plane.quiet())
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({quiet, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            quiet.cancel()
+        # SIGINT / SIGTERM are looked at all along, not once the input has ended: a
+        # terminal or a pipe nobody closes would otherwise keep the plane up for ever.
+        stopped = asyncio.ensure_future(stop.wait())
+        script = asyncio.ensure_future(_script(plane, stdin, say))
+        try:
+            await asyncio.wait({script, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if script.done() and not stopped.done():
+                script.result()  # a broken script says so
+                if serve:
+                    await stopped
+                else:
+                    quiet = asyncio.ensure_future(plane.quiet())
+                    await asyncio.wait({quiet, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    quiet.cancel()
+        finally:
+            script.cancel()
             stopped.cancel()
-        plane.stop()
-        if webhook is not None:
-            webhook.stop()
+            plane.stop()
+            if webhook is not None:
+                webhook.stop()
 
     try:
         async with asyncio.TaskGroup() as group:

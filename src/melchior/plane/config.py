@@ -11,7 +11,7 @@ than on the first turn::
 
     [webhook]                        # optional: lines from outside, at stranger trust
     listen = "127.0.0.1"             # loopback only
-    port = 8787                      # 0: any free port (printed when the plane starts)
+    port = 8790                      # the default; 0: any free port (printed at start)
     token_env = "PLANE_WEBHOOK_TOKEN"
 
     [[agents]]
@@ -37,6 +37,9 @@ from melchior.policy.doors import is_agent_id
 TOP_KEYS = ("plane", "webhook", "agents")
 PLANE_KEYS = ("state", "workspaces")
 WEBHOOK_KEYS = ("listen", "port", "token_env")
+WEBHOOK_PORT = 8790
+"""The webhook's default port: not the relay's 8787, so a plane and a relay on one
+machine do not fight over it out of the box."""
 AGENT_KEYS = ("id", "description", "talksTo", "runtime", "options", "workspace", "ceiling")
 CEILING_KEYS = ("turns", "cost_usd")
 MAX_AGENTS = 64
@@ -202,7 +205,7 @@ def _webhook(raw: Any, path: Path) -> WebhookConfig:
         raise PlaneConfigError(
             _where(path, f"webhook.listen must be a loopback address ({', '.join(LOOPBACK)})")
         )
-    port = table.get("port", 0)
+    port = table.get("port", WEBHOOK_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise PlaneConfigError(_where(path, "webhook.port must be a port number (0: any free)"))
     token_env = _text(table.get("token_env", "PLANE_WEBHOOK_TOKEN"), path, "webhook.token_env")

@@ -80,6 +80,7 @@ class TurnDelivery:
         self.turn = turn
         self.mentioned = frozenset(mentioned)
         self.sent: list[str] = []
+        """Recipients of the notes that went this turn (delivered or held), in order."""
 
     def _refused(self, message: Message, decision: Decision) -> Receipt:
         self.state.log(
@@ -123,7 +124,6 @@ class TurnDelivery:
                     f"{', '.join(self.config.ids)}",
                 ),
             )
-        self.sent.append(to)
         if message.chain is None:
             raise ValueError("a plane note travels on a hop chain")
         hop = check_hop(message.chain)
@@ -139,10 +139,14 @@ class TurnDelivery:
         if d.rule == "self":
             return self._refused(message, d)
         if not d.allowed:
+            self.sent.append(to)  # held is not refused: it may still go, so it counts
             return self._hold(message)
         spent = ceiling_refusal(self.config, self.state, to)
         if spent is not None:
             return self._refused(message, spent)
+        # Only a note that went counts toward the three (and the refusal names only
+        # those): a refused one cost nobody a turn.
+        self.sent.append(to)
         return carry(self.state, self.emit, message, rule=d.rule, turn=self.turn)
 
     def _hold(self, message: Message) -> Receipt:

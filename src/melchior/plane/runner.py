@@ -69,6 +69,8 @@ class Plane:
         self._running: set[str] = set()
         self._quiet = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._turn_tasks: dict[str, asyncio.Task[TurnResult]] = {}
+        self._stopping: set[str] = set()
 
     # -- watching ---------------------------------------------------------------------------
 
@@ -237,6 +239,67 @@ class Plane:
                     self._kick(agent)
             self._check_quiet()
 
+    def stop_turn(self, agent: str) -> bool:
+        """The operator stops ``agent``'s running turn (its process tree is killed as on
+        a plane stop) and the plane goes on. False when no turn of ``agent`` runs."""
+        self._check_agent(agent)
+        task = self._turn_tasks.get(agent)
+        if task is None or task.done():
+            return False
+        self._stopping.add(agent)
+        task.cancel()
+        return True
+
+    RERUNNABLE = ("failed", "interrupted", "stopped")
+    """Turn states the operator may run again (ctrl+r): one that did not finish."""
+
+    def rerun(self, agent: str) -> str:
+        """Queue ``agent``'s last turn again when it failed, was interrupted or stopped
+        — the operator's choice, since a coding agent may already have acted; returns
+        what the console shows (why not, when it is not run)."""
+        self._check_agent(agent)
+        last = self.state.last_turn(agent)
+        if last is None:
+            return f"ctrl+r: {agent} has had no turn to run again"
+        turn, state, inp = last
+        if state not in self.RERUNNABLE:
+            return (
+                f"ctrl+r: {agent}'s last turn {state}; only a failed, interrupted or "
+                "stopped turn is run again"
+            )
+        with self.state.tx():
+            self.state.enqueue(
+                agent,
+                inp.kind,
+                inp.text,
+                sender=inp.sender,
+                chain=inp.chain,
+                mentions=inp.mentions,
+                message_id=inp.message_id,
+            )
+            self.state.log(
+                "turn",
+                recipient=agent,
+                receipt="queued",
+                rule="operator-rerun",
+                reason=f"the operator runs the {state} turn again",
+                turn=turn,
+            )
+        self._kick(agent)
+        return f"ctrl+r: the {state} turn ({inp.kind}) is queued again"
+
+    def queued(self, agent: str) -> str:
+        """What waits for ``agent``: its queued wake-ups and its held questions."""
+        self._check_agent(agent)
+        rows = []
+        for i, inp in enumerate(self.state.pending(agent), start=1):
+            source = f" from {inp.sender}" if inp.sender and inp.sender != inp.kind else ""
+            first = inp.text.splitlines()[0][:70] if inp.text else ""
+            rows.append(f"{i}. {inp.kind}{source}: {first}")
+        held = self.state.waiting(agent)
+        head = f"queued for {agent}: {len(rows)} turn(s), {len(held)} question(s) held"
+        return "\n".join([head, *rows, *(f"held: write to {h.recipient}?" for h in held)])
+
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -333,23 +396,36 @@ class Plane:
             chain=inp.chain,
             message_id=inp.message_id,
         )
+        # The agent's own count, the one its status line and ceiling show ("3/50 turns"):
+        # the plane-wide id stays in the log as ``turn`` and in the outbox's file name.
+        number = self.state.spent(agent)[0]
+        source = f" from {inp.sender}" if inp.sender and inp.sender != inp.kind else ""
         self.emit(
             Event(
                 agent,
                 "turn",
-                f"turn {turn} ({inp.kind}{' from ' + inp.sender if inp.sender else ''})",
-                {"turn": turn, "kind": inp.kind},
+                f"turn {number} ({inp.kind}{source})",
+                {"turn": turn, "number": number, "kind": inp.kind},
             )
         )
 
         async def progress(p: Progress) -> None:
             self.emit(Event(agent, "progress", p.text, {"kind": p.kind}))
 
-        try:
-            result = await self.runtimes[agent].run(
+        running = asyncio.ensure_future(
+            self.runtimes[agent].run(
                 Turn(prompt=prompt, cwd=ws, message=message, env=env), progress
             )
+        )
+        self._turn_tasks[agent] = running
+        try:
+            result = await running
         except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if agent in self._stopping and (current is None or not current.cancelling()):
+                self._stopped_by_operator(agent, turn, inp)
+                return
+
             # Stopped mid-turn: the process group is gone; record it as a crash would be
             # found on the next start (never run again, whoever waited is told).
             with self.state.tx():
@@ -357,6 +433,9 @@ class Plane:
                 self.state.set_input(inp.id, "running")
                 self._interrupted(self.state.interrupted(inp.id))
             raise
+        finally:
+            self._turn_tasks.pop(agent, None)
+            self._stopping.discard(agent)
         cost = result.usage.get("cost_usd")
         self.state.end_turn(
             turn, result.state, result.text, result.error, float(cost) if cost else None
@@ -369,11 +448,11 @@ class Plane:
             reason=result.error,
             text=result.text,
         )
-        ended = (
-            f"turn failed: {result.error}"
-            if not result.ok
-            else result.text or "(the turn ended without an answer)"
-        )
+        if not result.ok:  # what it printed before it failed is often the why
+            printed = f"\nits output:\n{result.text}" if result.text.strip() else ""
+            ended = f"turn failed: {result.error}{printed}"
+        else:
+            ended = result.text or "(the turn ended without an answer)"
         self.emit(
             Event(
                 agent,
@@ -384,6 +463,25 @@ class Plane:
         )
         self._deliver_outbox(agent, turn, origin, mentioned, box)
         self._route(agent, turn, origin, result, inp)
+
+    def _stopped_by_operator(self, agent: str, turn: int, inp: Input) -> None:
+        """The operator's ctrl+x: the turn ends as stopped, its outbox is not read (its
+        notes were not finished), and whoever waited on it is told."""
+        reason = "stopped by the operator"
+        with self.state.tx():
+            self.state.end_turn(turn, "stopped", "", reason, None)
+            self.state.set_input(inp.id, "stopped")
+            self.state.log(
+                "turn",
+                recipient=agent,
+                receipt="stopped",
+                rule="operator-stop",
+                turn=turn,
+                reason=reason,
+            )
+            if inp.kind == "note" and inp.sender:
+                self.state.notice(inp.sender, f"{agent}'s turn on your note was {reason}.")
+        self.emit(Event(agent, "error", f"turn {reason}; its outbox was not read", {"turn": turn}))
 
     def _deliver_outbox(
         self, agent: str, turn: int, origin: Origin, mentioned: frozenset[str], box: Path

@@ -295,6 +295,18 @@ class State:
             if cost:
                 db.execute("UPDATE spent SET cost = cost + ? WHERE agent = ?", (cost, row["agent"]))
 
+    def last_turn(self, agent: str) -> tuple[int, str, Input] | None:
+        """``agent``'s latest turn: its id, its state and the input that woke it."""
+        row = self.db.execute(
+            "SELECT turns.id AS turn_id, turns.state AS turn_state, inputs.* FROM turns "
+            "JOIN inputs ON inputs.id = turns.input WHERE turns.agent = ? "
+            "ORDER BY turns.id DESC LIMIT 1",
+            (agent,),
+        ).fetchone()
+        if row is None:
+            return None
+        return int(row["turn_id"]), str(row["turn_state"]), self._input(row)
+
     def spent(self, agent: str) -> tuple[int, float]:
         row = self.db.execute("SELECT turns, cost FROM spent WHERE agent = ?", (agent,)).fetchone()
         return (0, 0.0) if row is None else (int(row[0]), float(row[1]))

@@ -16,6 +16,7 @@ UTF-8 or not the JSON shape; 415 for another content type.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import socket
@@ -37,17 +38,24 @@ if TYPE_CHECKING:
 MAX_BODY = 64 * 1024
 
 
+class WebhookPortError(OSError):
+    """The webhook's port cannot be listened on; the message names it and the fix."""
+
+
 def _error(status: int, reason: str) -> JSONResponse:
     return JSONResponse({"ok": False, "error": {"reason": reason}}, status_code=status)
 
 
 def make_app(plane: Plane, token: str) -> Starlette:
     """The webhook's ASGI app for ``plane``, accepting ``token``."""
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     async def lines(request: Request) -> JSONResponse:
-        given = request.headers.get("authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(given, expected):
+        # an auth scheme is case-insensitive (RFC 9110 11.1): bearer, Bearer, BEARER
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode("utf-8", "replace"), expected
+        ):
             return _error(401, "a bearer token is required (Authorization: Bearer TOKEN)")
         agent = request.path_params["agent"]
         if agent not in plane.config.by_id:
@@ -99,8 +107,16 @@ class Webhook:
         # when the listening socket says TCP (else each response waits a delayed ACK)
         self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.sock.listen(64)
+        try:
+            self.sock.bind((host, port))
+            self.sock.listen(64)
+        except OSError as exc:
+            self.sock.close()
+            why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise WebhookPortError(
+                f"the webhook cannot listen on {host}:{port} ({why}); set port in the "
+                "[webhook] table of PLANE.toml to another port (0: any free port)"
+            ) from None
         self.port: int = self.sock.getsockname()[1]
         config = uvicorn.Config(
             make_app(plane, token), log_level="warning", lifespan="off", access_log=False

@@ -1,0 +1,86 @@
+"""The question box in a real terminal: the held note in front of the operator, one
+question at a time, a key typed just as a box appears kept for the prompt, and a
+half-typed line that survives every question."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from console_kit import Tmux, needs_tmux, tmux
+from plane_kit import write_plane
+
+pytestmark = needs_tmux
+__all__ = ["tmux"]
+
+TEAM = [
+    {"id": "planner", "description": "plans"},
+    {"id": "ledger", "description": "books"},
+    {"id": "auditor", "description": "checks"},
+]
+
+
+def prompt_line(screen: str) -> str:
+    """The prompt's row: the last line of the screen with a box edge on both sides."""
+    rows = [r for r in screen.splitlines() if r.strip()]
+    for row in reversed(rows):
+        if row.strip().startswith(("▊", "▎", "│", "┃")) or "▔" not in row:
+            return row
+    return rows[-1]
+
+
+def test_the_box_shows_the_note_and_answers_one_question_at_a_time(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.type("send ledger: what did August cost? ;; send auditor: please check the books")
+    tmux.key("Enter")
+    screen = tmux.wait_for(lambda s: "write to ledger? y / n" in s, "the first question")
+    assert "planner → ledger · hop 1 · 1 more waiting" in screen
+    assert "what did August cost?" in screen.split("planner → ledger")[1]
+    assert "write to auditor?" not in screen  # the next is shown only after this answer
+    time.sleep(0.5)  # read it; now "hello": h answers no, "ello" comes too soon for the next
+    tmux.type("hello")
+    screen = tmux.wait_for(lambda s: "write to auditor? y / n" in s, "the second question")
+    assert "note to ledger not sent (operator-no)" in screen
+    assert "planner → auditor · hop 1" in screen
+    assert "more waiting" not in screen
+    assert "please check the books" in screen.split("planner → auditor")[1]
+    tmux.wait_for(  # the four keys behind the answer are in the prompt, not answers
+        lambda s: re.search(r"\bello\b", "".join(s.splitlines()[-3:])) is not None,
+        "ello in the prompt",
+    )
+    assert "write to auditor? y / n" in tmux.screen()
+    tmux.answer("y")
+    screen = tmux.wait_for(lambda s: "(hop 1, operator-yes)" in s, "the second note sent")
+    assert "write to auditor? y / n" not in screen
+    tmux.key("Enter")  # what stayed in the prompt is a line like any other
+    tmux.wait_for(lambda s: "> ello" in s, "the kept keys sent as a line")
+    tmux.key("C-q")
+
+
+def test_a_half_typed_line_survives_a_question_that_comes_up_under_it(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.type("after 2: send ledger: the late note")
+    tmux.key("Enter")
+    tmux.type("abcdefgh")  # typing while the turn that will hold a note runs
+    screen = tmux.wait_for(lambda s: "write to ledger? y / n" in s, "the question")
+    assert "abcdefgh" in screen
+    tmux.answer("n")
+    screen = tmux.wait_for(lambda s: "not sent (operator-no)" in s, "the answer no")
+    assert "abcdefgh" in screen
+    tmux.type("ijklmnopqrstuvwx")
+    tmux.wait_for(lambda s: "abcdefghijklmnopqrstuvwx" in s, "every key in the prompt")
+    time.sleep(1.5)  # a status refresh or two must not touch the prompt
+    tmux.key("Left", "Left", "Left")
+    tmux.type("-")  # the cursor is where the operator left it
+    tmux.key("Enter")
+    tmux.wait_for(lambda s: "> abcdefghijklmnopqrstu-vwx" in s, "the whole line sent")
+    tmux.key("C-q")
