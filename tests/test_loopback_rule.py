@@ -9,6 +9,8 @@ client and refused by the a2a runtime, ``foo.localhost`` passed one and not the 
 from __future__ import annotations
 
 import ipaddress
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from melchior.mellan import transport
 from melchior.mellan.relay import serve
+from melchior.plane import config as plane_config
 from melchior.policy.outbound import loopback, may_carry_credential
 from melchior.runtimes import a2a
 
@@ -72,7 +75,32 @@ def every_place_says(host: str) -> set[bool]:
         answers.add(False)
     answers.add(a2a.check_url(url, insecure=False, what="card_url") is None)
     answers.add(serve.loopback(host))
+    if not host.startswith("["):  # the plane's webhook takes an address to bind
+        answers.add(webhook_may_listen_on(host))
     return answers
+
+
+PLANE = """
+[webhook]
+listen = {listen}
+
+[[agents]]
+id = "planner"
+description = "plans"
+runtime = "command"
+options = {{ argv = ["true"] }}
+"""
+
+
+def webhook_may_listen_on(host: str) -> bool:
+    try:
+        plane_config.parse(PLANE.format(listen=json.dumps(host)), Path("PLANE.toml"))
+    except plane_config.PlaneConfigError as why:
+        refused = str(why)
+    else:
+        return True
+    assert "webhook.listen must be a loopback address" in refused
+    return False
 
 
 @pytest.mark.parametrize("host", [h for h in LOOPBACK if h] + [h for h in ELSEWHERE if h])

@@ -50,3 +50,23 @@ def test_every_plane_example_is_a_valid_configuration(tmp_path: Path) -> None:
         tomllib.loads(block)
         config = parse(block, tmp_path / "PLANE.toml")
         assert config.agents
+
+
+def test_the_webhook_round_runs_as_written(tmp_path: Path) -> None:
+    """A line POSTed with the token (the scheme in any case) wakes the agent, one without
+    it is refused, and SIGTERM stops a headless plane whose stdin is /dev/null."""
+    (script,) = sh_blocks("plane.md", "The webhook")
+    done = run_bash(
+        script,
+        bindir=script_bin("melchior"),
+        drop=["MAGI_", "MELCHIOR_", "PLANE_WEBHOOK_TOKEN"],
+        env={"TMPDIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert '{"ok":true,"input":1,"agent":"planner"}' in out.replace(" ", "")
+    assert "401 without the token" in out
+    assert "planner | webhook: the nightly build failed" in out
+    assert re.search(r"planner \| done: \d+ lines read", out)
+    assert "Traceback" not in done.stderr + out
+    assert list(tmp_path.iterdir()) == []

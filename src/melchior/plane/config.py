@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from melchior.policy.doors import is_agent_id
+from melchior.policy.outbound import loopback
 
 TOP_KEYS = ("plane", "webhook", "agents")
 PLANE_KEYS = ("state", "workspaces")
@@ -45,7 +46,6 @@ CEILING_KEYS = ("turns", "cost_usd")
 MAX_AGENTS = 64
 MAX_DESCRIPTION = 2000
 DEFAULT_TURNS = 100
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class PlaneConfigError(ValueError):
@@ -201,9 +201,9 @@ def _agent(raw: Any, base: Path, workspaces: Path, path: Path, i: int) -> AgentC
 def _webhook(raw: Any, path: Path) -> WebhookConfig:
     table = _strict(raw, WEBHOOK_KEYS, path, "webhook")
     listen = _text(table.get("listen", "127.0.0.1"), path, "webhook.listen")
-    if listen not in LOOPBACK:
+    if not loopback(listen) or listen.startswith("["):  # an address to bind, unbracketed
         raise PlaneConfigError(
-            _where(path, f"webhook.listen must be a loopback address ({', '.join(LOOPBACK)})")
+            _where(path, "webhook.listen must be a loopback address (127.0.0.1, ::1, localhost)")
         )
     port = table.get("port", WEBHOOK_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
