@@ -18,6 +18,7 @@ the panes without threads.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import deque
 from typing import TYPE_CHECKING, ClassVar
@@ -422,6 +423,12 @@ def run_console(config: PlaneConfig) -> int:
         plane = Plane(config)
         app = Console(plane)
         code = 0
+        # SIGTERM (a service manager, kill) and SIGINT from outside the terminal end the
+        # console as quitting does: turns stopped, the terminal given back as it was. The
+        # default action would leave the terminal in the app's raw, alternate screen.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, app.exit)
 
         async def plane_once_drawn() -> None:
             # The recovery after a restart (held notes, interrupted turns) draws on the
