@@ -91,6 +91,18 @@ def test_a_marked_block_is_not_also_left_to_a_walk_through() -> None:
     assert both == []
 
 
+def test_no_block_leaves_a_placeholder_to_fill_in() -> None:
+    """Values the reader must supply are shell variables (an unset one fails loudly),
+    never an ellipsis pasted as it stands; comments may abbreviate what a command prints."""
+    left = [
+        f"docs/{b.doc} ## {b.heading}: {line.strip()}"
+        for b in every_sh_block()
+        for line in b.text.splitlines()
+        if "…" in line.split("#", 1)[0]
+    ]
+    assert left == []
+
+
 # --- templates: every command in them parses ----------------------------------------------
 
 
