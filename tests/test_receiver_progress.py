@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from melchior.mellan.receiver.progress import Outbox
+from melchior.mellan.receiver.progress import HOLD_LIMIT, Outbox
 from receiver_kit import (
     RECEIVER,
     Net,
@@ -220,3 +220,26 @@ def test_the_end_of_the_turn_drops_held_statuses_and_sends_the_rest_first() -> N
     )  # fmt: skip
     assert sent == [("message", m1)]
     assert asyncio.run(drive(60, [("status", status("started")), "close"])) == []
+
+
+def test_a_full_outbox_is_sent_at_once_and_holds_the_adapter_until_taken() -> None:
+    """Beside a slow relay a chatty turn waits for its outbox rather than growing it."""
+
+    async def go() -> tuple[int, list[str]]:
+        sent: list[str] = []
+
+        async def send(kind: str, body: dict[str, Any]) -> None:
+            sent.append(body["parts"][0]["text"])
+
+        box = Outbox(send, 3600)  # a window no test waits out
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(box.run())
+            for i in range(HOLD_LIMIT + 1):
+                await box.put("message", {"role": "ROLE_AGENT", "parts": [{"text": f"m{i}"}]})
+            sent_before_the_end = len(sent)
+            box.close()
+        return sent_before_the_end, sent
+
+    before_the_end, sent = asyncio.run(go())
+    assert before_the_end == HOLD_LIMIT  # the full outbox went without its window
+    assert sent == [f"m{i}" for i in range(HOLD_LIMIT + 1)]

@@ -55,6 +55,12 @@ def merge(older: dict[str, Any], newer: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+HOLD_LIMIT = 100
+"""Events held at most: a full outbox is sent at once, and the adapter waits until it is
+taken — the pace of the relay, as when each event was sent before the adapter went on —
+so a chatty turn beside a slow relay does not grow the receiver's memory."""
+
+
 class Outbox:
     """One turn's held progress and the task that sends it (run it in the turn's task
     group; :meth:`close` when the adapter's turn ended, cancel it when it was stopped)."""
@@ -63,11 +69,13 @@ class Outbox:
         self.send = send
         self.debounce = debounce
         self.held: list[Held] = []
-        self._wake = asyncio.Event()
-        self._closed = asyncio.Event()
+        self._wake = asyncio.Event()  # something is held
+        self._flush = asyncio.Event()  # send it now: the turn ended, or the outbox is full
+        self._taken = asyncio.Event()  # a batch was taken (room again)
+        self._closed = False
 
     def add(self, kind: str, body: dict[str, Any]) -> None:
-        """Hold an event (never blocks the adapter: the relay's answer is not waited for)."""
+        """Hold an event (never blocks: the relay's answer is not waited for)."""
         plain = kind == "status" and "usage" not in body and isinstance(body.get("message"), dict)
         last = self.held[-1] if self.held else None
         if plain and last is not None and last.superseded_by_end:
@@ -75,25 +83,38 @@ class Outbox:
         else:
             self.held.append(Held(kind, body, plain))
         self._wake.set()
+        if len(self.held) >= HOLD_LIMIT:
+            self._flush.set()
+
+    async def put(self, kind: str, body: dict[str, Any]) -> None:
+        """:meth:`add`, then wait while the outbox is full (:data:`HOLD_LIMIT`)."""
+        self.add(kind, body)
+        while len(self.held) >= HOLD_LIMIT and not self._closed:
+            self._taken.clear()
+            await self._taken.wait()
 
     def close(self) -> None:
         """The turn ended: statuses still held are superseded; the rest goes at once."""
-        self._closed.set()
+        self._closed = True
+        self._flush.set()
         self._wake.set()
 
     async def run(self) -> None:
-        """Send what is held when its window expires (or at once when the turn ended);
-        return once the turn ended and everything kept is sent."""
+        """Send what is held when its window expires (at once when the turn ended or the
+        outbox is full); return once the turn ended and everything kept is sent."""
         while True:
             await self._wake.wait()
-            if not self._closed.is_set() and self.debounce > 0:
+            if self.debounce > 0 and not self._flush.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closed.wait(), self.debounce)
+                    await asyncio.wait_for(self._flush.wait(), self.debounce)
             self._wake.clear()
+            if not self._closed:
+                self._flush.clear()
             batch, self.held = self.held, []
-            if self._closed.is_set():
+            self._taken.set()
+            if self._closed:
                 batch = [h for h in batch if not h.superseded_by_end]
             for held in batch:
                 await self.send(held.kind, held.body)
-            if self._closed.is_set() and not self.held:
+            if self._closed and not self.held:
                 return

@@ -337,7 +337,7 @@ class TaskRun:
             said = ", ".join(f"{k} {v}" for k, v in data.items())
             kind, body = "status", {"message": agent_message(f"usage: {said}"), "usage": data}
         if self._outbox is not None:  # held and coalesced; sent by the turn's outbox task
-            self._outbox.add(kind, body)
+            await self._outbox.put(kind, body)
         else:
             await self._send(kind, body)
 
