@@ -175,6 +175,8 @@ def base(tmp_path: Path) -> dict[str, Any]:
     [
         ({"concurency": 2}, "unknown key concurency"),
         ({"concurrency": 0}, "concurrency must be a number from 1"),
+        ({"progress_debounce": -1}, "progress_debounce must be a number from 0 to 60"),
+        ({"progress_debounce": "fast"}, "progress_debounce must be a number"),
         ({"relay": "ftp://x"}, "relay must be an http(s) URL"),
         ({"relay": "http://relay.example"}, "refusing to send a credential over plain HTTP"),
         ({"allow": {"adapters": ["telnet"]}}, "allow.adapters: no adapter is named 'telnet'"),
@@ -206,6 +208,8 @@ def test_a_good_configuration_resolves_paths(tmp_path: Path) -> None:
     assert config.token == "tok"
     assert config.lease_seconds == 30
     assert config.concurrency == 1
+    assert config.progress_debounce == 0.2
+    assert parse(data | {"progress_debounce": 0}, {"T": "tok"}, None).progress_debounce == 0
     assert config.state_dir == tmp_path / ".local/share/mellan/receiver/receiver"
 
 

@@ -15,6 +15,7 @@ matters most: it is the machine's own say over what a route from the relay may r
     lease_seconds = 30                       # renewed every lease_seconds / 3
     wait = 25                                # claim long-poll, seconds
     poll = 5                                 # with wait = 0: seconds between claims
+    progress_debounce = 0.2                  # seconds a turn's progress is held, coalesced
     state_dir = "~/.local/share/mellan/receiver/private-ops"   # spool and status file
 
     [allow]
@@ -71,6 +72,7 @@ class ConfigError(ValueError):
 TOP_KEYS = (
     "relay", "credential", "agent", "token_env", "concurrency", "lease_seconds", "wait",
     "poll", "state_dir", "name", "worker", "allow", "adapters", "profiles", "wake", "tls",
+    "progress_debounce",
 )  # fmt: skip
 ALLOW_KEYS = ("adapters", "cwd", "programs", "urls", "bypass", "route_env", "options")
 WAKE_KEYS = ("listen", "secret", "secret_env")
@@ -98,6 +100,9 @@ class ReceiverConfig:
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     wake: Wake | None = None
     poll: float = 5.0
+    progress_debounce: float = 0.2
+    """Seconds a turn's progress is held before it is sent (coalesced; a turn that ends
+    first sends its completion alone): :mod:`melchior.mellan.receiver.progress`."""
     worker: str | None = None
     verify: str | bool = True
     cert: tuple[str, str] | None = None
@@ -447,6 +452,7 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         profiles=profiles,
         wake=_wake(data.get("wake"), env),
         poll=_number(data, "poll", 5, 0.1, 86400),
+        progress_debounce=_number(data, "progress_debounce", 0.2, 0, 60),
         worker=_text(data, "worker", ""),
         verify=str(_expand(ca, env)) if ca else True,
         cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,

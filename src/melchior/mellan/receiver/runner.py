@@ -22,8 +22,10 @@ The steps, each with its own reason:
    grace) when the relay says the lease is lost — after a cancel it acknowledges with
    ``cancel-ack`` — and *self-fences* when renewals keep failing past the lease's
    expiry, so a receiver cut off from the relay stops before another may take over.
-   Progress is streamed to the relay as the adapter reports it; a progress write that
-   says the lease is lost stops the turn too.
+   Progress is streamed to the relay as the adapter reports it, held for
+   ``progress_debounce`` and coalesced (:mod:`.progress`: a turn that ends within the
+   window sends its completion alone); a progress write that says the lease is lost
+   stops the turn too.
 5. **Spool, then report.** The result is written durably to the spool before the
    relay hears of it; :mod:`melchior.mellan.receiver.reporter` delivers it.
 """
@@ -47,6 +49,7 @@ from melchior.mellan.client.receiver_api import (
 )
 from melchior.mellan.receiver import prompt
 from melchior.mellan.receiver.config import ReceiverConfig
+from melchior.mellan.receiver.progress import Outbox
 from melchior.mellan.receiver.reporter import revoked_reason
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
@@ -161,6 +164,7 @@ class TaskRun:
         self.turn = lease.turn
         self.capability = lease.capability
         self._quiet_until = 0.0
+        self._outbox: Outbox | None = None
 
     def say(self, line: str) -> None:
         self.s.say(f"task {self.tid}: {line}")
@@ -318,8 +322,6 @@ class TaskRun:
         self.s.board.progress(self.tid, line)
         if p.kind != "usage":
             self.say(f"{p.kind}: {short(line, 160)}")
-        if time.monotonic() < self._quiet_until:
-            return
         if p.kind == "status":
             kind, body = "status", {"message": agent_message(p.text)}
             if p.data:
@@ -334,6 +336,15 @@ class TaskRun:
             data = dict(p.data or {})
             said = ", ".join(f"{k} {v}" for k, v in data.items())
             kind, body = "status", {"message": agent_message(f"usage: {said}"), "usage": data}
+        if self._outbox is not None:  # held and coalesced; sent by the turn's outbox task
+            await self._outbox.put(kind, body)
+        else:
+            await self._send(kind, body)
+
+    async def _send(self, kind: str, body: dict[str, Any]) -> None:
+        """One progress event to the relay (not while quiet after a failed write)."""
+        if time.monotonic() < self._quiet_until:
+            return
         try:
             out = await asyncio.wait_for(
                 self.s.client.progress(self.tid, self.epoch, kind, body), PROGRESS_TIMEOUT
@@ -392,15 +403,30 @@ class TaskRun:
                 return
 
         work: asyncio.Task[TurnResult] | None = None
+        outbox = self._outbox = Outbox(self._send, self.s.config.progress_debounce)
         try:
             async with asyncio.TaskGroup() as tg:
                 work = tg.create_task(runtime.run(turn, self._emit))
                 keeper = tg.create_task(keep(work))
-                work.add_done_callback(lambda _: keeper.cancel())
+                sender = tg.create_task(outbox.run())
+
+                def ended(done: asyncio.Task[TurnResult]) -> None:
+                    # The group exits only after the outbox sent what it keeps, so no
+                    # progress can follow the turn's report. A stopped turn's progress is
+                    # not sent at all (its lease is gone or the receiver is stopping).
+                    keeper.cancel()
+                    if done.cancelled():
+                        sender.cancel()
+                    else:
+                        outbox.close()
+
+                work.add_done_callback(ended)
         except* LeaseLost as group:
             first = group.exceptions[0]
             assert isinstance(first, LeaseLost)
             lost.insert(0, first)
+        finally:
+            self._outbox = None
         if lost:
             return lost[0]
         assert work is not None
