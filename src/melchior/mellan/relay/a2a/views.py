@@ -252,18 +252,26 @@ def task_view(
     include_artifacts: bool = True,
     turns: Sequence[TaskTurn] = (),
 ) -> dict[str, Any]:
-    """A2A ``Task``. ``history_length`` None = all, 0 = omitted, N = the last N messages."""
-    out: dict[str, Any] = {
-        "id": task.id,
-        "contextId": task.context_id,
-        "status": status_of(task, events),
-    }
+    """A2A ``Task``. ``history_length`` None = all, 0 = omitted, N = the last N messages.
+
+    Each message is in the view once. The message the status carries (the turn's answer,
+    question or failure; while working, the agent's latest word) is ``status.message`` and
+    not also the last of ``history``: as in the a2a-sdk's own server, which moves a status
+    message into the history only once a newer status or the caller's next message
+    supersedes it. So ``history`` is what came before the current status, and a 15 MiB
+    answer is sent once, not twice. ``history_length`` counts that history."""
+    status = status_of(task, events)
+    out: dict[str, Any] = {"id": task.id, "contextId": task.context_id, "status": status}
     if include_artifacts:
         arts = artifacts_of(task, events, turns)
         if arts:
             out["artifacts"] = arts
     if history_length != 0:
         history = history_of(task, events, turns)
+        if "message" in status and history:
+            # The status message is always the last one told: the current turn's final, or
+            # (working) the message of its last status event, which history_of put last.
+            history.pop()
         if history_length is not None:
             history = history[-history_length:]
         out["history"] = history
