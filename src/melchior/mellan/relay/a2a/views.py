@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from melchior.mellan.rawjson import Raw, decode_stored
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.timefmt import a2a_ts
 from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState, TaskTurn
@@ -45,13 +46,36 @@ def ends_stream(state: TaskState) -> bool:
 
 
 def _loads_obj(text: str | None) -> dict[str, Any] | None:
+    """A stored JSON object (payload, result, event body) with its long strings kept as
+    their JSON text (:func:`~melchior.mellan.rawjson.decode_stored`): a view only adds
+    ids around the answer, so a 15 MiB text is spliced into the response, never parsed
+    and re-encoded."""
     if not text:
         return None
+    try:
+        value = decode_stored(text)
+    except Exception:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _loads_plain(text: str) -> dict[str, Any] | None:
+    """A stored object parsed whole, for the few fields a view reads as strings (an
+    error's reason)."""
     try:
         value = jsontext.loads(text)
     except Exception:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _aid(art: dict[str, Any], fallback: str) -> Any:
+    """An artifact's id as given (a string, or the spliced text of a very long one), else
+    the derived ``fallback``."""
+    aid = art.get("artifactId")
+    if isinstance(aid, Raw):
+        return aid
+    return str(aid or fallback)
 
 
 class _Turn(NamedTuple):
@@ -105,7 +129,7 @@ def _error_message(task: Task, error: str | None = None, turn: int = 1) -> dict[
     text = task.error if error is None and turn == task.turn else error
     if not text:
         return None
-    parsed = _loads_obj(text)
+    parsed = _loads_plain(text)
     if parsed is not None:
         for key in ("message", "error", "reason"):
             if isinstance(parsed.get(key), str):
@@ -171,7 +195,7 @@ def result_artifacts(task: Task, turn: int, result: str | None) -> list[dict[str
     if isinstance(arts, list):
         for i, art in enumerate(arts):
             if isinstance(art, dict):
-                aid = str(art.get("artifactId") or f"{task.id}{_suffix(turn)}-a{i}")
+                aid = _aid(art, f"{task.id}{_suffix(turn)}-a{i}")
                 out.append({**art, "artifactId": aid})
     return out
 
@@ -189,7 +213,7 @@ def artifacts_of(
         if upd is None:
             continue
         art, append, _ = upd
-        aid = str(art.get("artifactId") or f"{task.id}-ev{ev.seq}")
+        aid = _aid(art, f"{task.id}-ev{ev.seq}")
         if append and aid in arts:
             merged = dict(arts[aid])
             merged["parts"] = [*merged.get("parts", []), *art.get("parts", [])]
@@ -289,7 +313,7 @@ def event_updates(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any
             if upd is None:
                 continue
             art, append, last = upd
-            aid = str(art.get("artifactId") or f"{task.id}-ev{ev.seq}")
+            aid = _aid(art, f"{task.id}-ev{ev.seq}")
             item: dict[str, Any] = {
                 "taskId": task.id,
                 "contextId": task.context_id,
@@ -341,7 +365,7 @@ def streamed_artifact_ids(task: Task, events: Sequence[TaskEvent]) -> set[str]:
         if ev.kind == "artifact":
             upd = _artifact_update(_loads_obj(ev.body) or {})
             if upd is not None:
-                ids.add(str(upd[0].get("artifactId") or f"{task.id}-ev{ev.seq}"))
+                ids.add(_aid(upd[0], f"{task.id}-ev{ev.seq}"))
     return ids
 
 
