@@ -10,10 +10,11 @@ of one task give the same JSON.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from melchior.mellan.rawjson import Raw, decode_stored
+from melchior.mellan.rawjson import RAW_OVER, Raw, decode_stored
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.timefmt import a2a_ts
 from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState, TaskTurn
@@ -52,11 +53,23 @@ def _loads_obj(text: str | None) -> dict[str, Any] | None:
     and re-encoded."""
     if not text:
         return None
+    memo: dict[int, tuple[str, Any]] | None = getattr(_memo, "parsed", None)
+    if memo is not None and id(text) in memo and memo[id(text)][0] is text:
+        return memo[id(text)][1]  # type: ignore[no-any-return]
     try:
         value = decode_stored(text)
     except Exception:
-        return None
-    return value if isinstance(value, dict) else None
+        value = None
+    value = value if isinstance(value, dict) else None
+    if memo is not None and len(text) > RAW_OVER:
+        memo[id(text)] = (text, value)
+    return value
+
+
+_memo = threading.local()
+"""While :func:`task_view` builds a view (on this thread): each big stored text parsed
+once, not once for the status, the artifacts and the history. The parsed objects are
+only read by the view functions (they copy before they change), so sharing is safe."""
 
 
 def _loads_plain(text: str) -> dict[str, Any] | None:
@@ -284,6 +297,20 @@ def task_view(
     message into the history only once a newer status or the caller's next message
     supersedes it. So ``history`` is what came before the current status, and a 15 MiB
     answer is sent once, not twice. ``history_length`` counts that history."""
+    _memo.parsed = {}
+    try:
+        return _task_view(task, events, history_length, include_artifacts, turns)
+    finally:
+        del _memo.parsed  # holds the texts: kept no longer than the view's building
+
+
+def _task_view(
+    task: Task,
+    events: Sequence[TaskEvent],
+    history_length: int | None,
+    include_artifacts: bool,
+    turns: Sequence[TaskTurn],
+) -> dict[str, Any]:
     status = status_of(task, events)
     out: dict[str, Any] = {"id": task.id, "contextId": task.context_id, "status": status}
     if include_artifacts:
