@@ -2,8 +2,10 @@
 
 The queue's states map onto A2A's (ARCHITECTURE §5): queued → SUBMITTED, leased →
 WORKING, succeeded → COMPLETED, input_required → INPUT_REQUIRED, failed → FAILED,
-cancelled → CANCELED. Payloads are parsed with :mod:`jsontext` and written back with
-the same values, so parts, metadata and ``data`` reach the caller as they were sent.
+cancelled → CANCELED. Payloads are parsed exactly (:mod:`melchior.mellan.rawjson`) and
+written back with the same values, so parts, metadata and ``data`` reach the caller as
+they were sent; a long stored string (a big answer) is not parsed at all but spliced as
+its stored JSON text. A view holds each message once (:func:`task_view`).
 Agent messages the receiver reported without ids get stable derived ones, so two reads
 of one task give the same JSON.
 """
