@@ -302,9 +302,12 @@ def test_history_length(relay: tuple[Server, World]) -> None:
     task = r.json()["task"]
     assert "history" not in task
     url = f"{server.base()}/tasks/{task['id']}"
-    assert len(httpx.get(url, headers=auth(world)).json()["history"]) == 2
+    whole = httpx.get(url, headers=auth(world)).json()
+    # the answer is the status message, and history what came before it: the caller's
+    assert [m["role"] for m in whole["history"]] == ["ROLE_USER"]
+    assert whole["status"]["message"]["role"] == "ROLE_AGENT"
     one = httpx.get(url, params={"historyLength": 1}, headers=auth(world)).json()["history"]
-    assert [m["role"] for m in one] == ["ROLE_AGENT"]
+    assert [m["role"] for m in one] == ["ROLE_USER"]
 
 
 def test_sse_frames_keepalive_and_a_late_error() -> None:
@@ -382,6 +385,7 @@ def test_list_filters(relay: tuple[Server, World]) -> None:
     rich = listed(status="TASK_STATE_COMPLETED", includeArtifacts="true", historyLength=1)
     (task,) = rich["tasks"]
     assert task["artifacts"][0]["parts"] == [{"text": "echo: a"}]
-    assert [m["role"] for m in task["history"]] == ["ROLE_AGENT"]
+    assert [m["role"] for m in task["history"]] == ["ROLE_USER"]  # the answer: status
+    assert task["status"]["message"]["role"] == "ROLE_AGENT"
     assert listed(status="TASK_STATE_REJECTED")["tasks"] == []
     assert listed(statusTimestampAfter="2999-01-01T00:00:00Z")["totalSize"] == 0

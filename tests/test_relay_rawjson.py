@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode
+from melchior.mellan.rawjson import JSONTextError, Raw, decode, decode_stored, encode
 from melchior.mellan.relay.receiver_api import backoff
 from melchior.mellan.relay.serve import redact
 from melchior.mellan.relay.store._common import lost_reason
@@ -32,6 +32,45 @@ def test_decode_encode_round_trips_exactly(value: Any) -> None:
     text = encode(value)
     assert decode(text) == value
     assert decode(encode(decode(text))) == value
+
+
+_tricky = st.text(alphabet='"\\\n\tx:é{}[],\u2028', max_size=12)
+tricky_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | _tricky,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_tricky, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _raws(value: Any) -> list[Raw]:
+    if isinstance(value, Raw):
+        return [value]
+    if isinstance(value, dict):
+        assert not any(isinstance(k, Raw) for k in value)
+        return [r for v in value.values() for r in _raws(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _raws(v)]
+    return []
+
+
+@given(tricky_values)
+def test_stored_text_with_long_strings_spliced_comes_back_byte_identical(value: Any) -> None:
+    """:func:`decode_stored` with a tiny threshold (every string of more than 4 characters
+    of JSON text kept as its text): quotes, backslash runs, colons and brackets inside
+    strings never fool the scan, keys are never kept raw, and the result writes back the
+    very text it was read from."""
+    text = encode(value)
+    stored = decode_stored(text, raw_over=4)
+    assert encode(stored) == text
+    assert all(len(r.text) > 4 and r.text.startswith('"') for r in _raws(stored))
+
+
+def test_a_long_key_is_parsed_and_a_long_value_spliced() -> None:
+    long = "k" * 100
+    stored = decode_stored(encode({long: long, "n": [long]}), raw_over=50)
+    assert list(stored) == [long, "n"]
+    assert stored[long] == Raw(f'"{long}"')
+    assert stored["n"] == [Raw(f'"{long}"')]
 
 
 def test_numbers_keep_their_digits() -> None:

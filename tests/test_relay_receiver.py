@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import secrets
 import threading
 import time
 from typing import Any
@@ -393,14 +394,19 @@ def test_a_result_over_max_result_is_refused_at_complete_saying_why(tmp_path: An
         relay.stop()
 
 
-def test_a_big_result_is_read_whole_on_both_bindings(relay: RelayProc, store: Store) -> None:
+def test_a_big_result_is_read_whole_and_once_on_both_bindings(
+    relay: RelayProc, store: Store
+) -> None:
     """A result above the size built and encoded on the event loop (the worker-thread
-    path of GetTask) comes back whole, exactly once as the turn's answer in history."""
+    path of GetTask) comes back whole, and exactly once: as the status message, not again
+    as the history's last message (a 15 MiB answer was sent as 30 MiB). Counted in the raw
+    body, so neither a second copy nor a respelling of the text (quotes, backslashes,
+    newlines and non-ASCII are in it) can hide."""
     from melchior.mellan.relay.a2a.tasks import INLINE_VIEW
 
     caller, ops = setup_pair(relay)
     task_id = enqueue(store)
-    text = "é" * (INLINE_VIEW * 4)
+    text = 'é"\\\n\t ' + secrets.token_hex(8) + "ü" * (INLINE_VIEW * 4) + '\\"end'
     with ReceiverClient(relay.url, ops) as rc:
         lease = claim_one(rc)
         assert rc.complete(task_id, lease.epoch, {"message": {"parts": [{"text": text}]}}).ok
@@ -410,7 +416,10 @@ def test_a_big_result_is_read_whole_on_both_bindings(relay: RelayProc, store: St
     assert rest.status_code == 200, rest.text
     rpc = httpx.post(base, headers=h, timeout=60, json={
         "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}})  # fmt: skip
-    for view in (rest.json(), rpc.json()["result"]):
+    spelled = json.dumps(text, ensure_ascii=False)[1:-1]  # as the relay writes strings
+    for got, view in ((rest, rest.json()), (rpc, rpc.json()["result"])):
+        assert got.text.count(spelled) == 1
         assert view["status"]["state"] == "TASK_STATE_COMPLETED"
-        answers = [m for m in view["history"] if m.get("role") == "ROLE_AGENT"]
-        assert [m["parts"][0]["text"] for m in answers] == [text]
+        assert view["status"]["message"]["parts"] == [{"text": text}]
+        assert len(view["history"]) == 1  # the caller's message only
+        assert view["history"][0].get("role") != "ROLE_AGENT"

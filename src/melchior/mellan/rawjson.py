@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -27,7 +28,9 @@ __all__ = [
     "Raw",
     "check_request",
     "decode",
+    "decode_stored",
     "encode",
+    "encode_parts",
     "whole",
 ]
 
@@ -83,9 +86,16 @@ class Raw:
 
 def encode(value: Any) -> str:
     """Serialise ``value`` to JSON, splicing :class:`Raw` text and exact decimals verbatim."""
+    return "".join(encode_parts(value))
+
+
+def encode_parts(value: Any) -> list[str]:
+    """:func:`encode` as the pieces that, joined, are the JSON text: a :class:`Raw` text is
+    one piece of its own, so a caller turning a 15 MiB answer into bytes can do it a slice
+    at a time (each C call short, so other threads get the GIL in between)."""
     parts: list[str] = []
     _encode(value, parts)
-    return "".join(parts)
+    return parts
 
 
 def _encode(value: Any, out: list[str]) -> None:
@@ -153,6 +163,104 @@ def decode(text: str | bytes) -> Any:
         parse_constant=_no_constants,
         object_pairs_hook=_unique_keys,
     )
+
+
+RAW_OVER = 64 * 1024
+"""String literals longer than this (in characters of JSON text) are kept as
+:class:`Raw` by :func:`decode_stored`, not parsed."""
+
+
+def decode_stored(text: str, *, raw_over: int = RAW_OVER) -> Any:
+    """:func:`decode` for JSON text the relay wrote itself (a stored result, payload or
+    event body), where every string literal longer than ``raw_over`` stays its own JSON
+    text, a :class:`Raw`, quotes and escapes included. Why: such a string is nearly all
+    of a big answer, and parsing it (``json.loads``) and writing it again (``json.dumps``)
+    are each one C call over all of it, holding the GIL for the whole call — a 15 MiB
+    answer stalled the relay's event loop for seconds while three clients read it, even
+    with the work on a worker thread. Spliced as is, it is only copied.
+
+    The text is trusted to be valid JSON (it was checked before it was stored); the
+    long literals are found by :func:`_long_strings` and each replaced, for the parse of
+    the small rest, by a placeholder string no stored text can hold (a fresh random
+    token), which is then swapped back. Object keys are never kept raw."""
+    if len(text) <= raw_over:
+        return decode(text)
+    spans = _long_strings(text, raw_over)
+    if not spans:
+        return decode(text)
+    token = secrets.token_hex(16)
+    raws: dict[str, Raw] = {}
+    pieces: list[str] = []
+    last = 0
+    for start, end in spans:
+        mark = f"\x00raw:{token}:{len(raws)}"
+        raws[mark] = Raw(text[start:end])
+        pieces.append(text[last:start])
+        pieces.append(json.dumps(mark))
+        last = end
+    pieces.append(text[last:])
+    return _restore(decode("".join(pieces)), raws)
+
+
+def _long_strings(text: str, longer: int) -> list[tuple[int, int]]:
+    """(start, end) of each string literal longer than ``longer`` that is a value, not an
+    object key. Outside strings JSON has no ``"``, so every quote found from outside one
+    opens a literal; it ends at the next quote not escaped (preceded by an even run of
+    backslashes). Each step is a ``str.find`` (memchr speed, short C calls) or a little
+    Python, so the scan lets other threads run; its Python work grows with the number of
+    quotes, not the length of the text."""
+    spans: list[tuple[int, int]] = []
+    find = text.find
+    size = len(text)
+    i = 0
+    while True:
+        start = find('"', i)
+        if start < 0:
+            return spans
+        j = start + 1
+        while True:
+            end = find('"', j)
+            if end < 0:
+                raise JSONTextError("unterminated string")
+            k = end - 1
+            while text[k] == "\\":
+                k -= 1
+            if (end - 1 - k) % 2 == 0:
+                break
+            j = end + 1
+        end += 1
+        if end - start > longer:
+            after = end
+            while after < size and text[after] in " \t\r\n":
+                after += 1
+            if after >= size or text[after] != ":":
+                spans.append((start, end))
+        i = end
+
+
+def _restore(value: Any, raws: dict[str, Raw]) -> Any:
+    """``value`` with each placeholder string put back as its :class:`Raw` (iterative: the
+    parsed rest is small, but may be deep)."""
+    if isinstance(value, str):
+        return raws.get(value, value)
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if isinstance(item, str):
+                    if item in raws:
+                        node[key] = raws[item]
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, str):
+                    if item in raws:
+                        node[index] = raws[item]
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+    return value
 
 
 # -- what JSON allows but a relay must not carry ----------------------------------------------

@@ -7,9 +7,11 @@ parsed (a ``text/plain`` body is refused as such, not as bad JSON), and a missin
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from melchior.mellan.relay import body
 from melchior.mellan.relay.a2a.errors import (
@@ -77,3 +79,20 @@ async def read_json(request: Request, relay: Relay, *, optional: bool = False) -
 def response_type(request: Request) -> str:
     """``application/a2a+json`` when the client asks for it, else ``application/json``."""
     return A2A_JSON if A2A_JSON in request.headers.get("accept", "") else "application/json"
+
+
+def json_response(chunks: list[bytes], media_type: str) -> Response:
+    """An answer's JSON, sent a chunk at a time when there are several (a big task's): the
+    event loop writes one chunk, waits for the socket to drain, and serves other requests
+    in between, rather than copying megabytes into one body and one write. The length is
+    known, so it is sent as ``Content-Length`` (no chunked encoding): the same bytes on the
+    wire as a one-piece answer."""
+    if len(chunks) == 1:
+        return Response(chunks[0], media_type=media_type)
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    length = str(sum(len(c) for c in chunks))
+    return StreamingResponse(body(), media_type=media_type, headers={"Content-Length": length})

@@ -115,7 +115,7 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
         return _stream(result, rid)
     assert isinstance(result, dict)
     answer = {"jsonrpc": "2.0", "id": rid, "result": result}
-    return Response(await encoded(relay, method, answer), media_type="application/json")
+    return http.json_response(await encoded(relay, method, answer), "application/json")
 
 
 def _stream(events: AsyncIterator[dict[str, Any]], rid: RequestId) -> Response:

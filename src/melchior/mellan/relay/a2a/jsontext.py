@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from melchior.mellan.rawjson import JSONTextError, decode, encode
+from melchior.mellan.rawjson import JSONTextError, decode, encode, encode_parts
 from melchior.mellan.relay.a2a.errors import ParseError
 
-__all__ = ["JSONTextError", "dumpb", "dumps", "loads"]
+__all__ = ["JSONTextError", "dumpb", "dumpb_chunks", "dumps", "loads"]
 
 
 def loads(data: bytes | str) -> Any:
@@ -43,5 +43,31 @@ def dumps(value: Any) -> str:
     return encode(value)
 
 
+SLICE = 1 << 20
+"""Characters of one big spliced string turned into UTF-8 bytes per call in :func:`dumpb`."""
+
+
 def dumpb(value: Any) -> bytes:
-    return encode(value).encode("utf-8")
+    return b"".join(dumpb_chunks(value))
+
+
+def dumpb_chunks(value: Any) -> list[bytes]:
+    """UTF-8 JSON bytes in chunks that, joined, are :func:`dumpb`. A big
+    :class:`~melchior.mellan.rawjson.Raw` piece (a long stored answer) is encoded a
+    :data:`SLICE` at a time: ``str.encode`` of 15 MiB of non-ASCII text is one C call
+    holding the GIL for tens of milliseconds, which even on a worker thread stalls the
+    event loop; a slice at a time, other threads run in between. A response can send the
+    chunks as they are (never joining 15 MiB into one more copy)."""
+    out: list[bytes] = []
+    small: list[str] = []
+    for part in encode_parts(value):
+        if len(part) <= SLICE:
+            small.append(part)
+            continue
+        if small:
+            out.append("".join(small).encode("utf-8"))
+            small = []
+        out.extend(part[i : i + SLICE].encode("utf-8") for i in range(0, len(part), SLICE))
+    if small or not out:
+        out.append("".join(small).encode("utf-8"))
+    return out

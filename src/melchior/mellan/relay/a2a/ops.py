@@ -27,11 +27,12 @@ CARRY_TASKS = frozenset({"SendMessage", "GetTask", "ListTasks", "CancelTask"})
 worker thread (one thread hop), never on the event loop."""
 
 
-async def encoded(relay: Relay, op_name: str, answer: dict[str, Any]) -> bytes:
-    """The answer's JSON bytes: off the event loop for :data:`CARRY_TASKS`."""
+async def encoded(relay: Relay, op_name: str, answer: dict[str, Any]) -> list[bytes]:
+    """The answer's JSON bytes, in chunks (:func:`~.jsontext.dumpb_chunks`, a big stored
+    answer spliced, not re-encoded): off the event loop for :data:`CARRY_TASKS`."""
     if op_name in CARRY_TASKS:
-        return await relay.call(jsontext.dumpb, answer)
-    return jsontext.dumpb(answer)
+        return await relay.call(jsontext.dumpb_chunks, answer)
+    return jsontext.dumpb_chunks(answer)
 
 
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:

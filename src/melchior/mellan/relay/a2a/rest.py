@@ -117,16 +117,16 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
         assert not isinstance(result, dict)
         return _stream(result)
     assert isinstance(result, dict)
-    content = await encoded(relay, op_name, result)
+    chunks = await encoded(relay, op_name, result)
     media = http.response_type(request)
     if op_name == "GetExtendedAgentCard":
         return card_response(
             request,
-            content,
+            b"".join(chunks),
             f"private, max-age={cards.EXTENDED_MAX_AGE}",
             getattr(request.state, "last_modified", cards.STARTED),
         )
-    return Response(content, media_type=media)
+    return http.json_response(chunks, media)
 
 
 def card_response(

@@ -88,9 +88,16 @@ async def get_visible(relay: Relay, caller: Caller, task_id: str) -> Seen:
     return seen
 
 
-def answer(seen: Seen, history_length: int | None) -> dict[str, Any]:
+async def answer(relay: Relay, seen: Seen, history_length: int | None) -> dict[str, Any]:
     """The ``SendMessageResponse``: the task, or — when the agent answered with a message
-    and no task of its own (a direct reply) — that message."""
+    and no task of its own (a direct reply) — that message. Built off the event loop when
+    the task is big (:func:`view_of`), as GetTask's is."""
+    if stored_size(seen) > INLINE_VIEW:
+        return await relay.call(_answer, seen, history_length)
+    return _answer(seen, history_length)
+
+
+def _answer(seen: Seen, history_length: int | None) -> dict[str, Any]:
     direct = views.direct_reply(seen.task)
     if direct is not None:
         return {"message": direct}
@@ -106,9 +113,9 @@ async def send_blocking(
     task, fresh = await admission.accept(relay, caller, req)
     if req.return_immediately:
         if fresh:  # stored just now: no events, no earlier turns, nothing to read back
-            return answer(Seen(task, [], []), req.history_length)
+            return await answer(relay, Seen(task, [], []), req.history_length)
         seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
-        return answer(seen or Seen(task, [], []), req.history_length)
+        return await answer(relay, seen or Seen(task, [], []), req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
     waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
     try:
@@ -118,9 +125,9 @@ async def send_blocking(
             if seen is None:  # vanished (retention); report what was accepted
                 return {"task": views.task_view(task, history_length=req.history_length)}
             if views.ends_stream(seen.task.state) or time.monotonic() >= deadline:
-                return answer(seen, req.history_length)
+                return await answer(relay, seen, req.history_length)
             if disconnected is not None and await disconnected():
-                return answer(seen, req.history_length)
+                return await answer(relay, seen, req.history_length)
             await waker.wait()
     finally:
         waker.close()
@@ -149,7 +156,7 @@ async def follow(
         seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
         if seen is None:
             return
-        yield {"task": _view(seen, history_length)}
+        yield {"task": await view_of(relay, seen, history_length)}
         current = seen.task
         last_seq = max((e.seq for e in seen.events), default=0)
         seen_artifacts = {

@@ -2,17 +2,21 @@
 
 The queue's states map onto A2A's (ARCHITECTURE §5): queued → SUBMITTED, leased →
 WORKING, succeeded → COMPLETED, input_required → INPUT_REQUIRED, failed → FAILED,
-cancelled → CANCELED. Payloads are parsed with :mod:`jsontext` and written back with
-the same values, so parts, metadata and ``data`` reach the caller as they were sent.
+cancelled → CANCELED. Payloads are parsed exactly (:mod:`melchior.mellan.rawjson`) and
+written back with the same values, so parts, metadata and ``data`` reach the caller as
+they were sent; a long stored string (a big answer) is not parsed at all but spliced as
+its stored JSON text. A view holds each message once (:func:`task_view`).
 Agent messages the receiver reported without ids get stable derived ones, so two reads
 of one task give the same JSON.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from melchior.mellan.rawjson import RAW_OVER, Raw, decode_stored
 from melchior.mellan.relay.a2a import jsontext
 from melchior.mellan.relay.a2a.timefmt import a2a_ts
 from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState, TaskTurn
@@ -45,13 +49,48 @@ def ends_stream(state: TaskState) -> bool:
 
 
 def _loads_obj(text: str | None) -> dict[str, Any] | None:
+    """A stored JSON object (payload, result, event body) with its long strings kept as
+    their JSON text (:func:`~melchior.mellan.rawjson.decode_stored`): a view only adds
+    ids around the answer, so a 15 MiB text is spliced into the response, never parsed
+    and re-encoded."""
     if not text:
         return None
+    memo: dict[int, tuple[str, Any]] | None = getattr(_memo, "parsed", None)
+    if memo is not None and id(text) in memo and memo[id(text)][0] is text:
+        return memo[id(text)][1]  # type: ignore[no-any-return]
+    try:
+        value = decode_stored(text)
+    except Exception:
+        value = None
+    value = value if isinstance(value, dict) else None
+    if memo is not None and len(text) > RAW_OVER:
+        memo[id(text)] = (text, value)
+    return value
+
+
+_memo = threading.local()
+"""While :func:`task_view` builds a view (on this thread): each big stored text parsed
+once, not once for the status, the artifacts and the history. The parsed objects are
+only read by the view functions (they copy before they change), so sharing is safe."""
+
+
+def _loads_plain(text: str) -> dict[str, Any] | None:
+    """A stored object parsed whole, for the few fields a view reads as strings (an
+    error's reason)."""
     try:
         value = jsontext.loads(text)
     except Exception:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _aid(art: dict[str, Any], fallback: str) -> Any:
+    """An artifact's id as given (a string, or the spliced text of a very long one), else
+    the derived ``fallback``."""
+    aid = art.get("artifactId")
+    if isinstance(aid, Raw):
+        return aid
+    return str(aid or fallback)
 
 
 class _Turn(NamedTuple):
@@ -105,7 +144,7 @@ def _error_message(task: Task, error: str | None = None, turn: int = 1) -> dict[
     text = task.error if error is None and turn == task.turn else error
     if not text:
         return None
-    parsed = _loads_obj(text)
+    parsed = _loads_plain(text)
     if parsed is not None:
         for key in ("message", "error", "reason"):
             if isinstance(parsed.get(key), str):
@@ -171,7 +210,7 @@ def result_artifacts(task: Task, turn: int, result: str | None) -> list[dict[str
     if isinstance(arts, list):
         for i, art in enumerate(arts):
             if isinstance(art, dict):
-                aid = str(art.get("artifactId") or f"{task.id}{_suffix(turn)}-a{i}")
+                aid = _aid(art, f"{task.id}{_suffix(turn)}-a{i}")
                 out.append({**art, "artifactId": aid})
     return out
 
@@ -189,7 +228,7 @@ def artifacts_of(
         if upd is None:
             continue
         art, append, _ = upd
-        aid = str(art.get("artifactId") or f"{task.id}-ev{ev.seq}")
+        aid = _aid(art, f"{task.id}-ev{ev.seq}")
         if append and aid in arts:
             merged = dict(arts[aid])
             merged["parts"] = [*merged.get("parts", []), *art.get("parts", [])]
@@ -252,18 +291,40 @@ def task_view(
     include_artifacts: bool = True,
     turns: Sequence[TaskTurn] = (),
 ) -> dict[str, Any]:
-    """A2A ``Task``. ``history_length`` None = all, 0 = omitted, N = the last N messages."""
-    out: dict[str, Any] = {
-        "id": task.id,
-        "contextId": task.context_id,
-        "status": status_of(task, events),
-    }
+    """A2A ``Task``. ``history_length`` None = all, 0 = omitted, N = the last N messages.
+
+    Each message is in the view once. The message the status carries (the turn's answer,
+    question or failure; while working, the agent's latest word) is ``status.message`` and
+    not also the last of ``history``: as in the a2a-sdk's own server, which moves a status
+    message into the history only once a newer status or the caller's next message
+    supersedes it. So ``history`` is what came before the current status, and a 15 MiB
+    answer is sent once, not twice. ``history_length`` counts that history."""
+    _memo.parsed = {}
+    try:
+        return _task_view(task, events, history_length, include_artifacts, turns)
+    finally:
+        del _memo.parsed  # holds the texts: kept no longer than the view's building
+
+
+def _task_view(
+    task: Task,
+    events: Sequence[TaskEvent],
+    history_length: int | None,
+    include_artifacts: bool,
+    turns: Sequence[TaskTurn],
+) -> dict[str, Any]:
+    status = status_of(task, events)
+    out: dict[str, Any] = {"id": task.id, "contextId": task.context_id, "status": status}
     if include_artifacts:
         arts = artifacts_of(task, events, turns)
         if arts:
             out["artifacts"] = arts
     if history_length != 0:
         history = history_of(task, events, turns)
+        if "message" in status and history:
+            # The status message is always the last one told: the current turn's final, or
+            # (working) the message of its last status event, which history_of put last.
+            history.pop()
         if history_length is not None:
             history = history[-history_length:]
         out["history"] = history
@@ -281,7 +342,7 @@ def event_updates(task: Task, events: Sequence[TaskEvent]) -> list[dict[str, Any
             if upd is None:
                 continue
             art, append, last = upd
-            aid = str(art.get("artifactId") or f"{task.id}-ev{ev.seq}")
+            aid = _aid(art, f"{task.id}-ev{ev.seq}")
             item: dict[str, Any] = {
                 "taskId": task.id,
                 "contextId": task.context_id,
@@ -333,7 +394,7 @@ def streamed_artifact_ids(task: Task, events: Sequence[TaskEvent]) -> set[str]:
         if ev.kind == "artifact":
             upd = _artifact_update(_loads_obj(ev.body) or {})
             if upd is not None:
-                ids.add(str(upd[0].get("artifactId") or f"{task.id}-ev{ev.seq}"))
+                ids.add(_aid(upd[0], f"{task.id}-ev{ev.seq}"))
     return ids
 
 
