@@ -191,8 +191,8 @@ async def follow(
     and state changes as they happen. A send's stream ends at a terminal or interrupted
     state; a subscription (``until_terminal``) stays open through input-required turns
     until the task ends. The last event always carries the state the stream ended in.
-    After a look that found nothing new it yields :data:`~.sse.QUIET` (at least every
-    poll interval while the task is quiet), for the stream's keepalives.
+    While the task is quiet it yields :data:`~.sse.QUIET` every keepalive interval, for
+    the stream's keepalives (the shared reader, not the stream, polls the store).
 
     The store is read by the task's shared reader, not by each stream: a stream keeps only
     where it is (last event, state, turn, artifacts sent) and, each time it looks, takes
@@ -226,7 +226,7 @@ async def follow(
             return out
 
         while not over(last_state):
-            if not await follower.wait():
+            if not await follower.wait(sse.KEEPALIVE_SECONDS):
                 if follower.ended:  # the reader was stopped (shutdown): end the stream
                     return
                 yield sse.QUIET  # nothing new this poll interval: the stream is alive

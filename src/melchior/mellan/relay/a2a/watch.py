@@ -153,15 +153,18 @@ class Follower(Generic[T]):
         while self._shared.version == 0 and not self._shared.ended:
             await asyncio.wait([self._shared.changed()])
 
-    async def wait(self) -> bool:
-        """Until the reader publishes something this follower has not taken (True), or one
-        poll interval passes (False: the stream may say it is alive)."""
+    async def wait(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 (woken or not)
+        """Until the reader publishes something this follower has not taken (True), or
+        ``timeout`` passes (False: the stream may say it is alive); one poll interval by
+        default. A follower may wait longer than the poll interval — the reader polls for
+        it — so an idle stream wakes only as often as it must send a keepalive."""
         if self.fresh():
             return True
+        timeout = self._watches.poll if timeout is None else timeout
         if self._shared.ended:  # shut down under us: no spin, the caller ends or waits
-            await asyncio.sleep(self._watches.poll)
+            await asyncio.sleep(timeout)
             return self.fresh()
-        await asyncio.wait([self._shared.changed()], timeout=self._watches.poll)
+        await asyncio.wait([self._shared.changed()], timeout=timeout)
         return self.fresh()
 
     def close(self) -> None:
