@@ -144,6 +144,7 @@ def main() -> None:
             leases = ok(httpx.post(f"{url}/api/receiver/claim", json=claim, headers=rh))["leases"]
             epochs = {lease["task"]["id"]: lease["epoch"] for lease in leases}
             stop = threading.Event()
+            tick_errors: list[str] = []
 
             def progress() -> None:  # one event every TICK seconds on every task
                 with httpx.Client(base_url=url, headers=rh, timeout=60) as c:
@@ -153,7 +154,10 @@ def main() -> None:
                         for tid, epoch in epochs.items():
                             said = {"message": {"parts": [{"text": f"tick {n}"}]}}
                             body = {"epoch": epoch, "kind": "status", "body": said}
-                            c.post(f"/api/receiver/tasks/{tid}/progress", json=body)
+                            try:
+                                c.post(f"/api/receiver/tasks/{tid}/progress", json=body)
+                            except httpx.HTTPError as exc:  # counted, not fatal
+                                tick_errors.append(repr(exc))
 
             paths = [f"/a2a/default/private/ops/tasks/{tid}:subscribe" for tid in ids]
             streams = Streams(url, caller, paths)
@@ -173,7 +177,9 @@ def main() -> None:
                 )
                 p50, p99 = summary(ms)
                 rows.append((streams.open, p50, p99, rss_mib(proc.pid), reads, len(ms)))
-                print(f"... {streams.open} open, {len(streams.failed)} failed", flush=True)
+                print(f"... {streams.open} open, {len(streams.failed)} failed: /healthz p50"
+                      f" {p50:.1f} ms p99 {p99:.1f} ms, RSS {rows[-1][3]:.0f} MiB,"
+                      f" {reads:.1f} reads/s", flush=True)  # fmt: skip
             stop.set()
             ticker.join()
         finally:
@@ -190,6 +196,8 @@ def main() -> None:
         print(f"{n:7d}  {p50:9.1f} ms {p99:7.1f} ms  {p50 / i50:8.1f}x  {p99 / i99:9.1f}x"
               f"  {rss:8.0f}  {per:8.1f}  {reads:7.1f}")  # fmt: skip
     print(f"events read by the client in all: {streams.events}")
+    if tick_errors:
+        print(f"progress posts that failed: {len(tick_errors)}, e.g. {tick_errors[0]}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ class Shared(Generic[T]):
         self.version = 0
         self.error: BaseException | None = None
         self.ended = False
+        self.dropped = False
         self.followers = 0
         self._watches = watches
         self._step = step
@@ -140,7 +141,8 @@ class Follower(Generic[T]):
         shared = self._shared
         if shared.error is not None:
             raise shared.error
-        assert shared.value is not None
+        if shared.value is None:  # stopped before its first look (the replica shuts down)
+            raise RuntimeError("the task's reader stopped before it read the task")
         self.taken = shared.version
         return shared.value
 
@@ -228,11 +230,16 @@ class Watches:
         shared.followers -= 1
         self._count(shared, followers=-1)
         if shared.followers == 0 and shared.task is not None and not shared.task.done():
-            if self._shared.get(shared.key) is shared:  # the next follower starts afresh
-                del self._shared[shared.key]
             shared.task.cancel()
+            # Dropped now, not in the reader's ``finally``: the next follower starts afresh,
+            # and a reader cancelled before its first step never runs that ``finally``.
+            self._ended(shared)
 
     def _ended(self, shared: Shared[Any]) -> None:
+        """Forget a reader (once, whoever comes first: its end or its last follower)."""
+        if shared.dropped:
+            return
+        shared.dropped = True
         if self._shared.get(shared.key) is shared:
             del self._shared[shared.key]
         self._count(shared, readers=-1)
