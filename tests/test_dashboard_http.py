@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -338,6 +339,36 @@ def test_live_streams_follow_tasks_and_the_audit_log(site: tuple[Server, World])
     assert moved["target"] == "task-summary"
     assert "working" in moved["html"]
     assert lease.task.id == task_id
+
+
+def _gauge(server: Server, world: World, name: str) -> float:
+    owner = {"authorization": f"Bearer {world.tokens['owner']}"}
+    text = httpx.get(f"{server.url}/metrics", headers=owner).text
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + "{"))
+
+
+def test_live_views_of_one_task_share_one_reader(site: tuple[Server, World]) -> None:
+    """Two owners' tabs on one task follow the task's one shared reader on the replica
+    (``mellan_stream_readers{kind="ui"}``): both see its move; the reader goes with them."""
+    server, world = site
+    a, _ = sign_in(server.url, world.tokens["owner"])
+    b, _ = sign_in(server.url, world.tokens["owner"])
+    task_id = send_task(server.url, WS, RECEIVER, world.tokens["caller"], "shared")
+    url = f"/ui/tasks/{task_id}/live"
+    with a.stream("GET", url, timeout=30) as one, b.stream("GET", url, timeout=30) as two:
+        lines = [one.iter_lines(), two.iter_lines()]
+        for it in lines:
+            assert "queued" in _frames(it, 2)[0][2]["html"]
+        assert _gauge(server, world, "mellan_stream_readers") == 1
+        assert _gauge(server, world, "mellan_stream_followers") == 2
+        server.store.claim(WS, RECEIVER, "test", actor=f"agent:{RECEIVER}")
+        for it in lines:
+            ((_, _, moved),) = _frames(it, 1)
+            assert "working" in moved["html"]
+    deadline = time.monotonic() + 30  # a hang guard: the server sees the clients go
+    while _gauge(server, world, "mellan_stream_readers") != 0:
+        assert time.monotonic() < deadline, "the reader outlived its views"
+        time.sleep(0.05)
 
 
 def test_pages_carry_security_headers(site: tuple[Server, World]) -> None:

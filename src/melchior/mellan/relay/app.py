@@ -165,6 +165,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
             async with asyncio.TaskGroup() as tasks:
                 relay.pusher = relay.pusher or Pusher(relay)
                 relay.waker = relay.waker or Waker(relay)
+                relay.watches.start(tasks)
                 owned = [
                     tasks.create_task(sweep_leases(relay), name="mellan-lease-sweeper"),
                     relay.batcher.start(tasks),
@@ -181,6 +182,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
                 finally:
                     for task in owned:
                         task.cancel()
+                    relay.watches.stop()
         finally:
             await relay.notifier.stop()
 

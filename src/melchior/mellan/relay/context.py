@@ -23,6 +23,7 @@ from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store, StoreUnavailable
 
 if TYPE_CHECKING:
+    from melchior.mellan.relay.a2a.watch import Watches
     from melchior.mellan.relay.presence import Presence
     from melchior.mellan.relay.push import Pusher
     from melchior.mellan.relay.wake import Waker
@@ -67,6 +68,8 @@ class Relay:
     """(workspace, receiving agent, task) seen to be that agent's task — by its claim or a
     check — so its reports skip the check (:func:`.receiver_api._as_receiver`). Never
     stale: a task's receiver does not change."""
+    watches: Watches = field(init=False, repr=False)
+    """One shared reader per watched task, for all its streams (:mod:`.a2a.watch`)."""
     fresh: FreshEvents = field(init=False, repr=False)
     """Events this replica just committed, handed to its own streams (:mod:`.fresh`)."""
     facts: DoorFacts = field(init=False, repr=False)
@@ -82,12 +85,14 @@ class Relay:
     """A token that may read ``/metrics`` (besides owner credentials); None: owners only."""
 
     def __post_init__(self) -> None:
+        from melchior.mellan.relay.a2a.watch import Watches
         from melchior.mellan.relay.presence import Presence
 
         self.batcher = Batcher(self)
         self.credentials = Credentials()
         self.facts = DoorFacts()
         self.fresh = FreshEvents()
+        self.watches = Watches(self.notifier, self.poll_interval, self.metrics)
         self.held = Memo(ttl=3600.0, size=65536)
         self.store.set_witness(self.fresh.note)
         self.presence = Presence()

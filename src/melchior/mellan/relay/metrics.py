@@ -81,6 +81,18 @@ class Counter:
             yield f"{self.name}_total{_labels(labels)} {_num(value)}"
 
 
+class Gauge(Counter):
+    """A number of this process that goes up and down (live streams, shared readers)."""
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} gauge"
+        with self._lock:
+            items = sorted(self._values.items())
+        for labels, value in items:
+            yield f"{self.name}{_labels(labels)} {_num(value)}"
+
+
 class Histogram:
     def __init__(self, name: str, help_: str, buckets: Sequence[float]) -> None:
         self.name, self.help = name, help_
@@ -179,6 +191,18 @@ class Metrics:
             "mellan_database_errors",
             "Store calls that could not reach the database or commit (answered 503).",
         )
+        self.stream_reads = c(
+            "mellan_stream_reads",
+            "Store reads made for streams (A2A task streams: kind=a2a, dashboard live task"
+            " views: kind=ui) by the shared reader of each watched task: one per wake-up or"
+            " poll interval, however many streams follow the task.",
+        )
+        self.stream_readers = Gauge(
+            "mellan_stream_readers", "Shared task readers running on this replica, by kind."
+        )
+        self.stream_followers = Gauge(
+            "mellan_stream_followers", "Streams following a shared task reader, by kind."
+        )
         self.requests = Histogram(
             "mellan_request_duration_seconds",
             "Time to the response's first byte, by route template, method and status.",
@@ -252,6 +276,7 @@ class Metrics:
         for metric in (
             self.accepted, self.claimed, self.completed, self.failed, self.expired,
             self.cancelled, self.refused, self.wakeups, self.pickups, self.db_errors,
+            self.stream_reads, self.stream_readers, self.stream_followers,
             self.attempts, self.requests,
         ):  # fmt: skip
             lines += metric.render()

@@ -9,8 +9,10 @@ can serve them and a reconnecting client loses nothing.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from melchior.mellan.relay.a2a import admission, sse, views
@@ -21,7 +23,7 @@ from melchior.mellan.relay.a2a.errors import (
     UnsupportedOperation,
 )
 from melchior.mellan.relay.a2a.requests import SendRequest
-from melchior.mellan.relay.a2a.watch import Waker
+from melchior.mellan.relay.a2a.watch import Follower, Step, Waker
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import task_topic
 from melchior.mellan.relay.store.base import (
@@ -133,6 +135,58 @@ async def send_blocking(
         waker.close()
 
 
+@dataclass(frozen=True)
+class Watched:
+    """What a task's shared reader knows: the task row as last read (None: it is gone),
+    every event of the task so far in order, and its finished turns."""
+
+    task: Task | None
+    events: list[TaskEvent]
+    turns: list[TaskTurn]
+
+    @property
+    def last_seq(self) -> int:
+        return self.events[-1].seq if self.events else 0
+
+    def after(self, seq: int) -> list[TaskEvent]:
+        return self.events[bisect.bisect_right(self.events, seq, key=lambda e: e.seq) :]
+
+
+def _over(watched: Watched) -> bool:
+    """Nothing more will happen: the reader stops (its followers end on the value)."""
+    return watched.task is None or watched.task.state.terminal
+
+
+def _look(relay: Relay, task: Task) -> Step[Watched]:
+    """The shared reader's look at one task: the whole task the first time, then the
+    events this replica just committed (:mod:`~melchior.mellan.relay.fresh`, published at
+    once, before the read) and what the store holds after the last event seen."""
+
+    async def look(prev: Watched | None) -> AsyncIterator[Watched]:
+        if prev is None:
+            relay.metrics.stream_reads.inc(kind="a2a")
+            seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+            yield Watched(None, [], []) if seen is None else Watched(*seen)
+            return
+        handed = relay.fresh.after(task.id, prev.last_seq)
+        if handed:
+            prev = Watched(prev.task, [*prev.events, *handed], prev.turns)
+            yield prev
+        relay.metrics.stream_reads.inc(kind="a2a")
+        seen = await relay.call(_read, relay.store, task.workspace, task.id, prev.last_seq)
+        if seen is None:
+            yield Watched(None, prev.events, prev.turns)
+        elif seen.events or seen.task != prev.task or seen.turns != prev.turns:
+            yield Watched(seen.task, [*prev.events, *seen.events], seen.turns)
+
+    return look
+
+
+def watch(relay: Relay, task: Task) -> Follower[Watched]:
+    """Follow the task's one shared reader on this replica (see :class:`~.watch.Watches`)."""
+    return relay.watches.follow(("a2a", task.id), task_topic(task.id), _look(relay, task), _over)
+
+
 async def follow(
     relay: Relay,
     task: Task,
@@ -144,21 +198,28 @@ async def follow(
     and state changes as they happen. A send's stream ends at a terminal or interrupted
     state; a subscription (``until_terminal``) stays open through input-required turns
     until the task ends. The last event always carries the state the stream ended in.
-    After a look that found nothing new it yields :data:`~.sse.QUIET` (at least every
-    poll interval while the task is quiet), for the stream's keepalives."""
+    While the task is quiet it yields :data:`~.sse.QUIET` every keepalive interval, for
+    the stream's keepalives (the shared reader, not the stream, polls the store).
+
+    The store is read by the task's shared reader, not by each stream: a stream keeps only
+    where it is (last event, state, turn, artifacts sent) and, each time it looks, takes
+    what the reader holds past that. A stream that fell behind (a client reading slowly)
+    so catches up in one step on the reader's latest view — every event it missed, in
+    order, then the state now — and never holds the reader or the other streams up."""
 
     def over(state: TaskState) -> bool:
         return state.terminal if until_terminal else views.ends_stream(state)
 
-    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
+    follower = watch(relay, task)
     try:
-        await waker.arm()
-        seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
-        if seen is None:
+        await follower.arm()
+        first = follower.latest()
+        if first.task is None:
             return
+        current = first.task
+        seen = Seen(current, first.events, first.turns)
         yield {"task": await view_of(relay, seen, history_length)}
-        current = seen.task
-        last_seq = max((e.seq for e in seen.events), default=0)
+        last_seq = first.last_seq
         seen_artifacts = {
             a["artifactId"] for a in views.artifacts_of(current, seen.events, seen.turns)
         }
@@ -172,30 +233,27 @@ async def follow(
             return out
 
         while not over(last_state):
-            await waker.wait()
-            await waker.arm()
-            handed = relay.fresh.after(task.id, last_seq)
-            if handed:  # written through this replica just now: yielded before the read
-                for update in updates(handed):
-                    yield update
-                last_seq = handed[-1].seq
-            fresh_seen = await relay.call(_read, relay.store, task.workspace, task.id, last_seq)
-            if fresh_seen is None:
+            if not await follower.wait(sse.KEEPALIVE_SECONDS):
+                if follower.ended:  # the reader was stopped (shutdown): end the stream
+                    return
+                yield sse.QUIET  # nothing new this poll interval: the stream is alive
+                continue
+            now = follower.latest()
+            if now.task is None:
                 return
-            current, fresh = fresh_seen.task, fresh_seen.events
+            current, fresh = now.task, now.after(last_seq)
             for update in updates(fresh):
                 yield update
             if fresh:
                 last_seq = fresh[-1].seq
             if current.state is not last_state or current.turn != last_turn:
-                told = [*handed, *fresh]  # as one read would have returned them
-                for update in views.state_updates(current, told, seen_artifacts):
+                for update in views.state_updates(current, fresh, seen_artifacts):
                     yield update
                 last_state, last_turn = current.state, current.turn
-            elif not handed and not fresh:
-                yield sse.QUIET  # looked, nothing new: the stream may say it is alive
+            elif not fresh:
+                yield sse.QUIET
     finally:
-        waker.close()
+        follower.close()
 
 
 async def send_streaming(

@@ -20,11 +20,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from melchior.mellan.relay.a2a.watch import Waker
+from melchior.mellan.relay.a2a.watch import Follower, Waker
 from melchior.mellan.relay.dashboard import pages, sessions
 from melchior.mellan.relay.dashboard.guard import relay_of, settings_of
 from melchior.mellan.relay.dashboard.sessions import Owner, Refused
@@ -54,15 +55,30 @@ def frame(part: Part) -> bytes:
     return f"{head}event: html\ndata: {data}\n\n".encode()
 
 
+class Source(Protocol):
+    """What a live part waits on: a :class:`Waker` on a topic (the part reads the store
+    itself), or a :class:`~melchior.mellan.relay.a2a.watch.Follower` of a shared reader
+    (the part renders what that reader read)."""
+
+    async def arm(self) -> None: ...
+
+    async def wait(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
 def stream(
-    request: Request, topic: str, parts: Callable[[], Awaitable[list[Part]]]
+    request: Request,
+    topic: str,
+    parts: Callable[[], Awaitable[list[Part]]],
+    source: Callable[[], Source] | None = None,
 ) -> StreamingResponse:
     relay = relay_of(request)
     settings = settings_of(request)
 
     async def frames() -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
-        waker = Waker(relay.notifier, topic, relay.poll_interval)
+        waker = source() if source else Waker(relay.notifier, topic, relay.poll_interval)
         shown: dict[str, str] = {}
         checked = sent = loop.time()
         try:
@@ -109,13 +125,37 @@ async def tasks_live(request: Request, owner: Owner) -> Response:
 
 
 async def task_live(request: Request, owner: Owner) -> Response:
+    """A task's live parts, from the task's one shared reader on this replica (keyed by
+    workspace and task, so every owner's view of it shares it): a view re-renders what
+    that reader read, for its own owner, and costs no store read of its own."""
     task_id = request.path_params["task_id"]
+    relay = relay_of(request)
+    workspace = owner.workspace
+    follower: Follower[pages.TaskRead] | None = None
+    drawn = False
+
+    async def look(prev: pages.TaskRead | None) -> AsyncIterator[pages.TaskRead]:
+        relay.metrics.stream_reads.inc(kind="ui")
+        read = await pages.read_task(relay, workspace, task_id)
+        if read != prev:
+            yield read
+
+    def source() -> Follower[pages.TaskRead]:
+        nonlocal follower
+        key = ("ui", workspace, task_id)
+        follower = relay.watches.follow(key, task_topic(task_id), look, lambda _: False)
+        return follower
 
     async def parts() -> list[Part]:
-        rendered = await pages.task_parts(request, owner, task_id)
+        nonlocal drawn
+        assert follower is not None
+        if drawn and not follower.fresh():  # a poll interval with nothing new: no render
+            return []
+        drawn = True
+        rendered = pages.render_task_parts(request, owner, follower.latest())
         return [Part(target, html) for target, html in (rendered or {}).items()]
 
-    return stream(request, task_topic(task_id), parts)
+    return stream(request, task_topic(task_id), parts, source)
 
 
 def _after(request: Request) -> int:

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from melchior.mellan.relay import actions, presence
+from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.dashboard import pictures, render, sessions, timeline
 from melchior.mellan.relay.dashboard.forms import Form
 from melchior.mellan.relay.dashboard.guard import relay_of
@@ -395,9 +396,11 @@ async def tasks_page(request: Request, owner: Owner) -> Response:
     )  # fmt: skip
 
 
-def _task_read(
-    store: Store, workspace: str, task_id: str
-) -> tuple[Task | None, Any, Any, Any, Any]:
+TaskRead = tuple[Task | None, Any, Any, Any, Any]
+"""What a task's page shows, as :func:`_task_read` reads it."""
+
+
+def _task_read(store: Store, workspace: str, task_id: str) -> TaskRead:
     task = store.get_task(workspace, task_id)
     if task is None:
         return None, [], [], [], []
@@ -408,11 +411,20 @@ def _task_read(
     return task, records, store.events_after(task_id, 0), turns, store.push_attempts(task_id)
 
 
+async def read_task(relay: Relay, workspace: str, task_id: str) -> TaskRead:
+    """One read of what a task's page shows (the live view's shared reader calls it)."""
+    return await relay.call(_task_read, relay.store, workspace, task_id)
+
+
 async def task_parts(request: Request, owner: Owner, task_id: str) -> dict[str, str] | None:
     """The live parts of a task's page (summary and timeline), rendered; None if unseen."""
-    task, records, events, turns, pushes = await _read(
-        request, _task_read, _store(request), owner.workspace, task_id
-    )
+    read = await read_task(relay_of(request), owner.workspace, task_id)
+    return render_task_parts(request, owner, read)
+
+
+def render_task_parts(request: Request, owner: Owner, read: TaskRead) -> dict[str, str] | None:
+    """:func:`task_parts` from a read already made (rendering is per owner; the read is not)."""
+    task, records, events, turns, pushes = read
     if not actions.may_see(owner.principal, task):
         return None
     assert task is not None
