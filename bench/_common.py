@@ -150,3 +150,29 @@ def machine() -> str:
         f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]} ({sys.implementation.name}), "
         f"{sys.platform}"
     )
+
+
+def start_mellan_relay(db: str, home: Path, *extra: str) -> tuple[subprocess.Popen[str], str, str]:
+    """A real ``mellan relay`` on ``db`` (its state under ``home``, a free port), waited
+    for: the process, its URL and the owner token. Its output is drained in a thread so
+    a chatty relay never blocks on a full pipe."""
+    import threading
+
+    mellan = str(Path(sys.executable).parent / "mellan")
+    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"),
+           "XDG_CONFIG_HOME": str(home / "config")}  # fmt: skip
+    token_file = home / "owner.token"
+    proc = subprocess.Popen(
+        [mellan, "relay", "--database", db, "--port", "0", "--owner-token-file",
+         str(token_file), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "listening on " in line:
+            url = line.split("listening on ", 1)[1].split()[0]
+            break
+    else:
+        raise SystemExit(f"the relay did not start ({proc.wait()})")
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    return proc, url, token_file.read_text().strip()

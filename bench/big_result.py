@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,29 +25,17 @@ from typing import Any
 
 import httpx
 
+import _common
+
 MIB = float(os.environ.get("BENCH_MIB", "15"))
 READERS = int(os.environ.get("BENCH_READERS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
-MELLAN = str(Path(sys.executable).parent / "mellan")
 
 
 def start(home: Path) -> tuple[subprocess.Popen[str], str, str]:
-    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home)}
-    token_file = home / "owner.token"
-    proc = subprocess.Popen(
-        [MELLAN, "relay", "--database", f"sqlite://{home / 'relay.db'}", "--port", "0",
-         "--owner-token-file", str(token_file), "--max-result", str(16 * 1024 * 1024)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].split()[0]
-            break
-    else:
-        raise SystemExit("the relay did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-    return proc, url, token_file.read_text().strip()
+    return _common.start_mellan_relay(
+        f"sqlite://{home / 'relay.db'}", home, "--max-result", str(16 * 1024 * 1024)
+    )
 
 
 def ok(r: httpx.Response, status: int = 200) -> Any:

@@ -54,6 +54,7 @@ from typing import Any
 
 import httpx
 
+import _common
 from melchior.mellan.client.receiver_api import AsyncReceiverClient, ReceiverError
 
 MELLAN = str(Path(sys.executable).parent / "mellan")
@@ -85,22 +86,8 @@ class Relay:
 
 
 def start_relay(db: str, home: Path) -> Relay:
-    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"),
-           "XDG_CONFIG_HOME": str(home / "config")}  # fmt: skip
-    token_file = home / "owner.token"
-    proc = subprocess.Popen(
-        [MELLAN, "relay", "--database", db, "--port", "0", "--owner-token-file", str(token_file)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].split()[0]
-            break
-    else:
-        raise SystemExit(f"the relay did not start ({proc.wait()})")
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-    return Relay(url, token_file.read_text().strip(), proc)
+    proc, url, owner = _common.start_mellan_relay(db, home)
+    return Relay(url, owner, proc)
 
 
 def ok(response: httpx.Response) -> Any:

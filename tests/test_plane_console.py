@@ -8,55 +8,14 @@ update. Skipped where tmux is not installed (.ci/run installs it).
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
-
+from console_kit import Tmux, needs_tmux, tmux
 from plane_kit import write_plane
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)"
-)
-MELCHIOR = str(Path(sys.executable).with_name("melchior"))
-
-
-class Tmux:
-    def __init__(self, socket: str) -> None:
-        self.socket = socket
-
-    def __call__(self, *args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True
-        )
-        return done.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "plane")
-
-    def wait_for(self, ok: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
-        """Poll the screen until ``ok`` (a hang guard, not a threshold)."""
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if ok(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"the console never showed {what}; the screen was:\n{screen}")
-
-
-@pytest.fixture
-def tmux(tmp_path: Path) -> Iterator[Tmux]:
-    t = Tmux(f"melchior-test-{os.getpid()}-{tmp_path.name}")
-    yield t
-    subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True, check=False)
+pytestmark = needs_tmux
+__all__ = ["tmux"]
 
 
 def test_type_a_line_answer_y_and_see_the_panes_update(tmp_path: Path, tmux: Tmux) -> None:
@@ -64,22 +23,7 @@ def test_type_a_line_answer_y_and_see_the_panes_update(tmp_path: Path, tmux: Tmu
         tmp_path,
         [{"id": "planner", "description": "plans"}, {"id": "ledger", "description": "books"}],
     )
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    command = " ".join(
-        [
-            "env",
-            "-u",
-            "COLUMNS",  # the size is the terminal's, not what pytest's environment says
-            "-u",
-            "LINES",
-            *(f"{k}={shlex.quote(v)}" for k, v in env.items()),
-            shlex.quote(MELCHIOR),
-            "plane",
-            "run",
-            shlex.quote(str(config)),
-        ]
-    )
-    tmux("new-session", "-d", "-s", "plane", "-x", "140", "-y", "36", f"{command}; sleep 60")
+    tmux.start(config, width=140, height=36)
     tmux.wait_for(lambda s: "planner · idle" in s and "ledger · idle" in s, "both panes")
     tmux("send-keys", "-t", "plane", "-l", "send ledger: answer: 42 euros")
     tmux("send-keys", "-t", "plane", "Enter")
