@@ -59,6 +59,8 @@ def _num(value: float) -> str:
 
 
 class Counter:
+    kind, suffix = "counter", "_total"  # Prometheus names a counter's sample NAME_total
+
     def __init__(self, name: str, help_: str) -> None:
         self.name, self.help = name, help_
         self._values: dict[Labels, float] = {}
@@ -74,23 +76,17 @@ class Counter:
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
+        yield f"# TYPE {self.name} {self.kind}"
         with self._lock:
             items = sorted(self._values.items())
         for labels, value in items:
-            yield f"{self.name}_total{_labels(labels)} {_num(value)}"
+            yield f"{self.name}{self.suffix}{_labels(labels)} {_num(value)}"
 
 
 class Gauge(Counter):
     """A number of this process that goes up and down (live streams, shared readers)."""
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
-        with self._lock:
-            items = sorted(self._values.items())
-        for labels, value in items:
-            yield f"{self.name}{_labels(labels)} {_num(value)}"
+    kind, suffix = "gauge", ""
 
 
 class Histogram:

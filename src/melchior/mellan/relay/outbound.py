@@ -58,18 +58,18 @@ async def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-async def _resolved(
+async def _judged(
     url: str,
     *,
     allow_private: bool,
     resolver: Resolver,
     timeout: float,  # noqa: ASYNC109
-) -> list[str]:
-    """The checked URL's host resolved, every address judged: the addresses, or
-    :class:`Refused` (the policy says no) or :class:`Failed` (the lookup failed)."""
+) -> Decision | list[str]:
+    """The checked URL's host resolved, every address judged: the addresses, or the
+    refusing decision (the policy says no); :class:`Failed` when the lookup fails."""
     verdict = check_url(url, allow_private=allow_private)
     if not verdict.allowed:
-        raise Refused(f"{verdict.rule}: {verdict.reason}")
+        return verdict
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -78,9 +78,7 @@ async def _resolved(
     except (OSError, TimeoutError) as exc:
         raise Failed(f"cannot resolve {host}: {exc}", retry=True) from None
     checked: Decision = check_addresses(host, addresses, allow_private=allow_private)
-    if not checked.allowed:
-        raise Refused(f"{checked.rule}: {checked.reason}")
-    return addresses
+    return addresses if checked.allowed else checked
 
 
 async def vet(
@@ -95,12 +93,11 @@ async def vet(
     A caller is told no at once rather than yes and a delivery that never happens; a
     name that does not resolve now is refused too, saying so."""
     try:
-        await _resolved(url, allow_private=allow_private, resolver=resolver, timeout=timeout)
-    except Refused as exc:
-        rule, _, reason = str(exc).partition(": ")
-        return refuse(rule, reason)
+        judged = await _judged(url, allow_private=allow_private, resolver=resolver, timeout=timeout)
     except Failed as exc:
         return refuse("unresolvable", f"{exc}; give an endpoint whose name resolves")
+    if isinstance(judged, Decision):
+        return judged
     return allow("endpoint", "the URL and every address it resolves to are allowed")
 
 
@@ -116,9 +113,9 @@ async def post_checked(
     max_response: int = MAX_RESPONSE,
 ) -> int:
     """POST ``body`` to ``url`` as the module docstring says; the answer's status code."""
-    addresses = await _resolved(
-        url, allow_private=allow_private, resolver=resolver, timeout=timeout
-    )
+    addresses = await _judged(url, allow_private=allow_private, resolver=resolver, timeout=timeout)
+    if isinstance(addresses, Decision):
+        raise Refused(f"{addresses.rule}: {addresses.reason}")
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)

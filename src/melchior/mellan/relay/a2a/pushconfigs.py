@@ -18,7 +18,6 @@ from melchior.mellan.relay.a2a import requests
 from melchior.mellan.relay.a2a.access import Caller
 from melchior.mellan.relay.a2a.admission import check_push, vet_push
 from melchior.mellan.relay.a2a.errors import InvalidParams, TaskNotFound
-from melchior.mellan.relay.a2a.tasks import get_visible
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.store.base import (
     Conflict,
@@ -27,6 +26,7 @@ from melchior.mellan.relay.store.base import (
     PushConfig,
     Record,
     Store,
+    Task,
 )
 
 
@@ -44,8 +44,14 @@ def _record(caller: Caller, action: str, why: str, config_id: str) -> Record:
     return Record(caller.actor, action, "caller", why, {"config": config_id})
 
 
+def _visible(store: Store, caller: Caller, task_id: str) -> Task:
+    """The task, or TaskNotFound unless the caller may see it: the task row alone, not
+    the events a view would read (a push config needs none of them)."""
+    return caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
+
+
 def _create(store: Store, caller: Caller, task_id: str, push: NewPush) -> PushConfig:
-    task = caller.visible(store.get_task(caller.target.workspace, task_id), task_id)
+    task = _visible(store, caller, task_id)
     check_push(push, "url", store.push_allow_private(task.workspace))
     record = _record(caller, "push.config", "a push config on a task it may see", push.id or "")
     try:
@@ -58,7 +64,7 @@ def _create(store: Store, caller: Caller, task_id: str, push: NewPush) -> PushCo
 
 async def create(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
     task_id, push = requests.parse_push_create(params)
-    task = (await get_visible(relay, caller, task_id)).task  # an unknown task first
+    task = await relay.call(_visible, relay.store, caller, task_id)  # an unknown task first
     allow = await relay.call(relay.store.push_allow_private, task.workspace)
     await vet_push(relay, push, "url", allow)  # resolved and judged as at delivery
     return config_view(await relay.call(_create, relay.store, caller, task_id, push))
@@ -73,7 +79,7 @@ def _not_found(ref: requests.PushRef) -> TaskNotFound:
 
 async def get(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
     ref = requests.parse_push_ref(params)
-    task = (await get_visible(relay, caller, ref.task_id)).task
+    task = await relay.call(_visible, relay.store, caller, ref.task_id)
     config = await relay.call(relay.store.get_push_config, task.workspace, task.id, ref.id)
     if config is None:
         raise _not_found(ref)
@@ -82,7 +88,7 @@ async def get(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
 
 async def list_configs(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
     task_id, size, token = requests.parse_push_list(params)
-    task = (await get_visible(relay, caller, task_id)).task
+    task = await relay.call(_visible, relay.store, caller, task_id)
     configs = await relay.call(relay.store.list_push_configs, task.workspace, task.id)
     start = 0
     if token is not None:
@@ -105,7 +111,7 @@ async def delete(relay: Relay, caller: Caller, params: Any) -> dict[str, Any]:
     """Idempotent, as A2A asks: deleting a config that is not there (any more) is not an
     error, as long as the task itself may be seen."""
     ref = requests.parse_push_ref(params)
-    task = (await get_visible(relay, caller, ref.task_id)).task
+    task = await relay.call(_visible, relay.store, caller, ref.task_id)
     record = _record(caller, "push.config_delete", "its own task's push config", ref.id)
     await relay.call(relay.store.delete_push_config, task.workspace, task.id, ref.id, record=record)
     return {}
