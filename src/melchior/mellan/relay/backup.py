@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from melchior.mellan.relay.store.dburl import Database, DatabaseURLError, parse
+from melchior.mellan.relay.store.dburl import DatabaseURLError, parse, sqlite_uri
 
 
 class BackupError(Exception):
@@ -63,7 +63,7 @@ def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
     src: sqlite3.Connection | None = None
     dst: sqlite3.Connection | None = None
     try:  # whatever fails — even opening — leaves no partial file behind
-        src = sqlite3.connect(Database(None, False, source).sqlite_uri("ro"), uri=True,
+        src = sqlite3.connect(sqlite_uri(source, "ro"), uri=True,
                               timeout=30)  # fmt: skip
         dst = sqlite3.connect(partial)
         src.execute("PRAGMA busy_timeout = 30000")

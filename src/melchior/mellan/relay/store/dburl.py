@@ -38,11 +38,11 @@ class Database:
     postgres: bool
     path: Path | None
 
-    def sqlite_uri(self, mode: str = "ro") -> str:
-        """An SQLite ``file:`` URI for this database's file (percent-encoded by
-        :meth:`Path.as_uri`, so a path with ``?`` or ``#`` stays a path)."""
-        assert self.path is not None
-        return f"{self.path.resolve().as_uri()}?mode={mode}"
+
+def sqlite_uri(path: Path, mode: str = "ro") -> str:
+    """An SQLite ``file:`` URI for the file at ``path`` (percent-encoded by
+    :meth:`Path.as_uri`, so a path with ``?`` or ``#`` stays a path)."""
+    return f"{path.resolve().as_uri()}?mode={mode}"
 
 
 def default_sqlite_path() -> Path:

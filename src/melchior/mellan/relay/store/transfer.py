@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from melchior.mellan.relay.store import is_postgres, open_store
-from melchior.mellan.relay.store.dburl import Database
+from melchior.mellan.relay.store.dburl import sqlite_uri
 
 TABLES: tuple[str, ...] = (
     "workspace",
@@ -81,8 +81,7 @@ class _Source:
         else:
             path = _sqlite_path(url)
             try:
-                uri = Database(None, False, Path(path)).sqlite_uri("ro")
-                self.lite = sqlite3.connect(uri, uri=True, timeout=30)
+                self.lite = sqlite3.connect(sqlite_uri(Path(path), "ro"), uri=True, timeout=30)
             except sqlite3.Error as exc:
                 raise MigrateError(f"cannot open the source {path}: {exc}") from None
             stack.callback(self.lite.close)
