@@ -82,12 +82,12 @@ def parse(
     channel: bool = False,
 ) -> Settings:
     """Settings from a config file's text, then the command line's flags on top."""
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text) if text else {}
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, where) if text else {}
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     table = _table(data, project, where)
     try:
         sends = check_limit(

@@ -158,12 +158,12 @@ def _one(name: str, table: Any, path: Path) -> ProviderConfig:
 
 def parse_providers(text: str, path: Path) -> dict[str, ProviderConfig]:
     """Every ``[providers.NAME]`` of a config file's text, in file order."""
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, str(path))
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     providers = data.get("providers", {})
     if not isinstance(providers, dict):
         raise ConfigError(f"{path}: 'providers' must be a table of [providers.NAME] tables")

@@ -52,12 +52,12 @@ def _talk_in(table: Any, where: str, path: Path) -> Talk | None:
 def parse_talk(text: str, project: str, path: Path) -> Talk:
     """``melchior.talk`` for ``project`` from a config file's text."""
     # Imported here: most runs have no config file, and the tool is exec'd per request.
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, str(path))
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     section = data.get("melchior", {})
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: 'melchior' must be a table")
