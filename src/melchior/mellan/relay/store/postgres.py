@@ -32,7 +32,6 @@ from psycopg import errors as pgerr
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from melchior.mellan.relay.notify import audit_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
 from melchior.mellan.relay.store.base import (
@@ -46,6 +45,7 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.queue import QueueStore, Tx
+from melchior.mellan.relay.topics import audit_topic, task_topic
 
 T = TypeVar("T")
 Row = dict[str, Any]
