@@ -87,6 +87,11 @@ UPWARD = [
         "from melchior.mellan.commands import relay",
         "melchior.mellan.relay is not allowed to import melchior.mellan.commands",
     ),
+    (
+        "integrations/bridge.py",
+        "from melchior.mellan.relay.store import base",
+        "melchior.integrations is not allowed to import melchior.mellan.relay",
+    ),
     ("policy/walls.py", "import sqlite3", "melchior.policy is not allowed to import sqlite3"),
     ("mellan/relay/refusals.py", "from melchior.mellan.relay import http", "No cycles are allowed"),
 ]
