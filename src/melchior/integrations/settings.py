@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from melchior.configfile import ConfigError, config_path
 from melchior.integrations.taint import MAX_TAINT_CALLS, TAINT_CALLS
 from melchior.policy import taint as taint_policy
 from melchior.policy.turn_quota import SENDS_PER_TURN, check_limit
-from melchior.session.config import ConfigError, config_path
 
 
 class Settings(NamedTuple):

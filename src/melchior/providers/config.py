@@ -1,7 +1,7 @@
 """The providers a user configured: ``[providers.NAME]`` tables in melchior's config file.
 
-The file is the one :mod:`melchior.session.config` reads ``melchior.talk`` from,
-``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
+The file (:mod:`melchior.configfile`) is the one :mod:`melchior.session.config` reads
+``melchior.talk`` from, ``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
 
     [providers.openai]
     kind = "openai"                       # openai | openai-responses | anthropic | ollama
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from melchior.configfile import ConfigError, config_path
 from melchior.providers.errors import CredentialMissing
 from melchior.providers.redact import redact_url
-from melchior.session.config import ConfigError, config_path
 
 Kind = Literal["openai", "openai-responses", "anthropic", "ollama"]
 KINDS: tuple[Kind, ...] = ("openai", "openai-responses", "anthropic", "ollama")
