@@ -195,6 +195,8 @@ def test_a_huge_exponent_in_data_is_kept_exactly_never_converted(stand_in: Stand
         (b'{"task": "not an object"}', "a task is not a JSON object"),
         (b"[]", "without a task"),
         (b'{"message": {"parts": []}}', "without a task"),
+        (b"[" * 200 + b"]" * 200, "nested deeper than 100 levels"),
+        (b"[" * 50_000, "nested too deeply"),
     ],
 )
 def test_answers_that_are_not_a_task_are_refused(stand_in: StandIn, body: bytes, said: str) -> None:

@@ -87,6 +87,8 @@ def _json(content: bytes, what: str) -> Any:
         raise _bad(f"{what}: {exc}") from None
     except ValueError as exc:
         raise _bad(f"{what} is not JSON ({exc})") from None
+    except RecursionError:  # nested past what the parser can follow: refused, not a crash
+        raise _bad(f"{what} is nested too deeply") from None
     return value
 
 

@@ -106,7 +106,7 @@ def refusal(
     head = {k.lower(): v for k, v in (headers or {}).items()}
     try:
         data = decode(content) if content else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, or nested past what a parser follows
         data = None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
