@@ -130,6 +130,59 @@ class _Calls:
         self.max_answer = max_answer
         self._workspace = workspace
         self._identity: Identity | None = None
+        self.http = self._connect(self._options())
+
+    def _connect(self, options: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def from_credentials(
+        cls,
+        *,
+        as_agent: str | None = None,
+        relay: str | None = None,
+        ca_file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> Self:
+        """The agent credential :func:`melchior.mellan.credentials.agent_credential`
+        picks (raises :class:`~melchior.mellan.credentials.CredentialError`)."""
+        found = credentials.agent_credential(
+            as_agent=as_agent, relay=relay, ca_file=ca_file, environ=environ
+        )
+        return cls(found.relay, found.token, workspace=found.workspace, tls=found.tls, **options)
+
+    def _limit(self, response: httpx.Response) -> bytearray:
+        """A buffer for an answer, refused at once when it says it is over the limit."""
+        if _declared_over(response, self.max_answer):
+            raise _too_big(self.max_answer)
+        return bytearray()
+
+    def _more(self, got: bytearray, chunk: bytes) -> None:
+        got += chunk
+        if len(got) > self.max_answer:
+            raise _too_big(self.max_answer)
+
+    @staticmethod
+    def _request(body: Any) -> tuple[bytes | None, dict[str, str] | None]:
+        if body is None:
+            return None, None
+        return encode(body).encode("utf-8"), {"Content-Type": "application/json"}
+
+    @staticmethod
+    def _answer(r: httpx.Response, data: bytes, where: str) -> tuple[Any, str]:
+        """A whole answer: decoded with its exact text, or the refusal it is."""
+        if not r.is_success:
+            raise refusal(r.status_code, data, r.headers, where)
+        text = data.decode("utf-8", "replace")
+        return (_json(data, f"the answer to {where}") if data else {}), text
+
+    def _stream_request(self, body: Any) -> dict[str, Any]:
+        return {
+            "content": encode(body).encode("utf-8"),
+            "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
+            "timeout": httpx.Timeout(self.timeout, read=self.stream_idle),
+        }
 
     def _options(self) -> dict[str, Any]:
         """The httpx client's options, by the transport's rules: a URL or TLS setting this
@@ -218,39 +271,10 @@ class RelayClient(_Calls):
     ``RelayClient(relay, token)`` with the values, or :meth:`from_credentials` by the
     rule every mellan command follows (``--as``, ``$MELLAN_TOKEN``, the one stored)."""
 
-    def __init__(
-        self,
-        relay: str,
-        token: str,
-        *,
-        workspace: str | None = None,
-        tls: ClientTls | None = None,
-        timeout: float = TIMEOUT,
-        stream_idle: float = STREAM_IDLE,
-        max_answer: int = MAX_ANSWER,
-    ) -> None:
-        super().__init__(
-            relay, token, workspace=workspace, tls=tls, timeout=timeout,
-            stream_idle=stream_idle, max_answer=max_answer,
-        )  # fmt: skip
-        self.http = httpx.Client(**self._options())
+    http: httpx.Client
 
-    @classmethod
-    def from_credentials(
-        cls,
-        *,
-        as_agent: str | None = None,
-        relay: str | None = None,
-        ca_file: str | Path | None = None,
-        environ: Mapping[str, str] | None = None,
-        **options: Any,
-    ) -> Self:
-        """The agent credential :func:`melchior.mellan.credentials.agent_credential`
-        picks (raises :class:`~melchior.mellan.credentials.CredentialError`)."""
-        found = credentials.agent_credential(
-            as_agent=as_agent, relay=relay, ca_file=ca_file, environ=environ
-        )
-        return cls(found.relay, found.token, workspace=found.workspace, tls=found.tls, **options)
+    def _connect(self, options: dict[str, Any]) -> httpx.Client:
+        return httpx.Client(**options)
 
     def close(self) -> None:
         self.http.close()
@@ -266,13 +290,9 @@ class RelayClient(_Calls):
     # -- plumbing -------------------------------------------------------------------------
 
     def _read(self, r: httpx.Response, deadline: float) -> bytes:
-        if _declared_over(r, self.max_answer):
-            raise _too_big(self.max_answer)
-        got = bytearray()
+        got = self._limit(r)
         for chunk in r.iter_bytes():
-            got += chunk
-            if len(got) > self.max_answer:
-                raise _too_big(self.max_answer)
+            self._more(got, chunk)
             if time.monotonic() > deadline:
                 raise RelayError(
                     f"the relay's answer did not arrive within {self.timeout:g} s",
@@ -284,8 +304,7 @@ class RelayClient(_Calls):
         self, method: str, url: str, body: Any = None, params: Mapping[str, Any] | None = None
     ) -> tuple[Any, str]:
         """One request: the decoded answer and its exact text, or RelayError."""
-        content = None if body is None else encode(body).encode("utf-8")
-        headers = {"Content-Type": "application/json"} if content is not None else None
+        content, headers = self._request(body)
         deadline = time.monotonic() + 2 * self.timeout
         try:
             with self.http.stream(
@@ -294,31 +313,19 @@ class RelayClient(_Calls):
                 data = self._read(r, deadline)
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
-        if not r.is_success:
-            raise refusal(r.status_code, data, r.headers, f"{method} {url}")
-        text = data.decode("utf-8", "replace")
-        return (_json(data, f"the answer to {method} {url}") if data else {}), text
+        return self._answer(r, data, f"{method} {url}")
 
     def _events(self, url: str, body: Any) -> Iterator[TaskEvent]:
-        content = encode(body).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        timeout = httpx.Timeout(self.timeout, read=self.stream_idle)
         try:
-            with self.http.stream(
-                "POST", url, content=content, headers=headers, timeout=timeout
-            ) as r:
+            with self.http.stream("POST", url, **self._stream_request(body)) as r:
                 if not r.is_success:
-                    raise refusal(
-                        r.status_code, self._read(r, time.monotonic() + 2 * self.timeout),
-                        r.headers, f"POST {url}",
-                    )  # fmt: skip
+                    data = self._read(r, time.monotonic() + 2 * self.timeout)
+                    self._answer(r, data, f"POST {url}")
                 decoder = self._decoder()
                 try:
                     for chunk in r.iter_raw():
-                        for ev in decoder.feed(chunk):
-                            yield _event(ev)
-                    for ev in decoder.close():
-                        yield _event(ev)
+                        yield from map(_event, decoder.feed(chunk))
+                    yield from map(_event, decoder.close())
                 except SSEError as exc:
                     raise _bad(f"the event stream is malformed: {exc}") from None
         except httpx.HTTPError as exc:
@@ -440,38 +447,10 @@ class AsyncRelayClient(_Calls):
     """The asynchronous relay client: :class:`RelayClient`'s methods, awaited (streams
     are async iterators). Close it with ``aclose`` (or ``async with``)."""
 
-    def __init__(
-        self,
-        relay: str,
-        token: str,
-        *,
-        workspace: str | None = None,
-        tls: ClientTls | None = None,
-        timeout: float = TIMEOUT,
-        stream_idle: float = STREAM_IDLE,
-        max_answer: int = MAX_ANSWER,
-    ) -> None:
-        super().__init__(
-            relay, token, workspace=workspace, tls=tls, timeout=timeout,
-            stream_idle=stream_idle, max_answer=max_answer,
-        )  # fmt: skip
-        self.http = httpx.AsyncClient(**self._options())
+    http: httpx.AsyncClient
 
-    @classmethod
-    def from_credentials(
-        cls,
-        *,
-        as_agent: str | None = None,
-        relay: str | None = None,
-        ca_file: str | Path | None = None,
-        environ: Mapping[str, str] | None = None,
-        **options: Any,
-    ) -> Self:
-        """As :meth:`RelayClient.from_credentials`."""
-        found = credentials.agent_credential(
-            as_agent=as_agent, relay=relay, ca_file=ca_file, environ=environ
-        )
-        return cls(found.relay, found.token, workspace=found.workspace, tls=found.tls, **options)
+    def _connect(self, options: dict[str, Any]) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -487,20 +466,15 @@ class AsyncRelayClient(_Calls):
     # -- plumbing -------------------------------------------------------------------------
 
     async def _read(self, r: httpx.Response) -> bytes:
-        if _declared_over(r, self.max_answer):
-            raise _too_big(self.max_answer)
-        got = bytearray()
+        got = self._limit(r)
         async for chunk in r.aiter_bytes():
-            got += chunk
-            if len(got) > self.max_answer:
-                raise _too_big(self.max_answer)
+            self._more(got, chunk)
         return bytes(got)
 
     async def _call(
         self, method: str, url: str, body: Any = None, params: Mapping[str, Any] | None = None
     ) -> tuple[Any, str]:
-        content = None if body is None else encode(body).encode("utf-8")
-        headers = {"Content-Type": "application/json"} if content is not None else None
+        content, headers = self._request(body)
         try:
             async with asyncio.timeout(2 * self.timeout):
                 async with self.http.stream(
@@ -509,23 +483,15 @@ class AsyncRelayClient(_Calls):
                     data = await self._read(r)
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._unreachable(exc) from None
-        if not r.is_success:
-            raise refusal(r.status_code, data, r.headers, f"{method} {url}")
-        text = data.decode("utf-8", "replace")
-        return (_json(data, f"the answer to {method} {url}") if data else {}), text
+        return self._answer(r, data, f"{method} {url}")
 
     async def _events(self, url: str, body: Any) -> AsyncIterator[TaskEvent]:
-        content = encode(body).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        timeout = httpx.Timeout(self.timeout, read=self.stream_idle)
         try:
-            async with self.http.stream(
-                "POST", url, content=content, headers=headers, timeout=timeout
-            ) as r:
+            async with self.http.stream("POST", url, **self._stream_request(body)) as r:
                 if not r.is_success:
                     async with asyncio.timeout(2 * self.timeout):
                         data = await self._read(r)
-                    raise refusal(r.status_code, data, r.headers, f"POST {url}")
+                    self._answer(r, data, f"POST {url}")
                 decoder = self._decoder()
                 try:
                     async for chunk in r.aiter_raw():
