@@ -14,7 +14,7 @@ What a hostile or broken server can do to a caller is bounded:
 - an answer is read up to ``max_answer`` bytes (a larger one is refused, naming the
   limit; a declared ``Content-Length`` over it is refused before reading), within a
   ``timeout`` per call; a stream's events are parsed by the one SSE parser
-  (:mod:`melchior.providers.sse`: bytes, capped lines and events, strict UTF-8), and a
+  (:mod:`melchior.sse`: bytes, capped lines and events, strict UTF-8), and a
   stream that says nothing (not even its keepalive comment) for ``stream_idle`` seconds
   is broken off;
 - a relay URL or TLS setting the transport rules refuse (a token over plain HTTP to
@@ -56,7 +56,7 @@ from melchior.mellan.client.errors import (
 from melchior.mellan.client.views import ENDS, Identity, TaskEvent, TaskPage, TaskView
 from melchior.mellan.rawjson import JSONTextError, check_request, decode, encode
 from melchior.mellan.transport import ClientTls
-from melchior.providers.sse import SSEDecoder, SSEError, SSEEvent
+from melchior.sse import SSEDecoder, SSEError, SSEEvent
 
 MAX_ANSWER = 16 * 1024 * 1024
 """Bytes of one answer (or one stream event) read before it is refused."""
