@@ -95,3 +95,19 @@ def test_type_hints_ship() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["melchior"]
     assert (Path(melchior.__file__).parent / "py.typed").is_file()
+
+
+def test_the_clients_and_the_receiver_do_not_import_the_command_line() -> None:
+    """The credential rule and the relay client sit below the CLI: the receiver's
+    configuration and status, the MCP bridge's relay caller and the client itself import
+    no ``commands`` module (the CLI is flags and printing over them)."""
+    code = (
+        "import sys\n"
+        "import melchior.mellan.receiver.config, melchior.mellan.receiver.status\n"
+        "import melchior.integrations.relay_caller, melchior.mellan.client.caller\n"
+        "print(sorted(m for m in sys.modules if '.commands' in m))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
