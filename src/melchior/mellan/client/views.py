@@ -142,7 +142,7 @@ def receipt_of(task: Mapping[str, Any]) -> Receipt:
 @dataclass(frozen=True)
 class TaskEvent:
     """One event of a stream: ``kind`` (``task``, ``statusUpdate``, ``artifactUpdate``,
-    ``message`` or ``error``), its decoded ``raw`` JSON and its exact ``text``; ``state``
+    or ``message``), its decoded ``raw`` JSON and its exact ``text``; ``state``
     and ``said`` when it carries a status (else empty)."""
 
     kind: str
@@ -152,11 +152,11 @@ class TaskEvent:
     said: str = ""
 
     @classmethod
-    def of(cls, data: Any, text: str, *, error: bool = False) -> TaskEvent:
+    def of(cls, data: Any, text: str) -> TaskEvent:
+        """The event of a stream's ``data``; an error event is not one (the client raises
+        it as the relay's refusal), nor is anything else that is not a stream event."""
         if not isinstance(data, Mapping):
             raise _bad("a stream event is not a JSON object")
-        if error or "error" in data:
-            return cls("error", data, text)
         for kind in ("task", "statusUpdate", "artifactUpdate", "message"):
             if kind in data:
                 break
