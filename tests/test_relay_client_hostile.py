@@ -297,3 +297,26 @@ def test_a_relay_that_never_answers_is_given_up_on(stand_in: StandIn) -> None:
         gate.set()
         server.shutdown()
         server.server_close()
+
+
+def test_mellan_send_prints_a_streams_error_then_says_it_failed(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from melchior.mellan.commands import send
+
+    said = b'{"error":{"code":500,"status":"INTERNAL","message":"it fell over"}}'
+    stand_in.answers[BASE + "/message:stream"] = sse(FIRST + b"event: error\ndata: " + said)
+    monkeypatch.setenv("MELLAN_TOKEN", "tok")
+    parser = argparse.ArgumentParser()
+    send.add_arguments(parser)
+    args = [AGENT, "hi", "--stream", "--json", "--relay", stand_in.url, "--workspace", WS]
+    assert send.run(parser.parse_args(args)) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ['{"task":' + TASK.decode() + "}", said.decode()]
+    assert err.strip() == "mellan: stream failed: it fell over"
+    stand_in.answers[BASE + "/message:send"] = json_answer(b"<html>down</html>", status=503)
+    plain = [AGENT, "hi", "--relay", stand_in.url, "--workspace", WS]
+    assert send.run(parser.parse_args(plain)) == 3  # the relay's store is down: exit 3
+    assert "refused: HTTP 503 from POST " in capsys.readouterr().err
