@@ -320,3 +320,17 @@ def test_mellan_send_prints_a_streams_error_then_says_it_failed(
     plain = [AGENT, "hi", "--relay", stand_in.url, "--workspace", WS]
     assert send.run(parser.parse_args(plain)) == 3  # the relay's store is down: exit 3
     assert "refused: HTTP 503 from POST " in capsys.readouterr().err
+
+
+def test_the_cli_reads_a_control_answer_only_up_to_the_limit(stand_in: StandIn) -> None:
+    from melchior.mellan.client.caller import MAX_ANSWER
+    from melchior.mellan.commands._common import CliError, Target, call
+
+    stand_in.answers["/api/agents"] = Answer(200, {}, b" " * (MAX_ANSWER + 1), length=False)
+    with pytest.raises(CliError, match=f"exceeds {MAX_ANSWER} bytes"):
+        call(Target(stand_in.url, "tok"), "GET", "/api/agents")
+    stand_in.answers["/api/grants"] = json_answer(
+        b'{"error": {"code": "nope", "reason": "no"}}', 403
+    )
+    with pytest.raises(CliError, match=r"^refused: no \(nope, HTTP 403\)$"):
+        call(Target(stand_in.url, "tok"), "GET", "/api/grants")

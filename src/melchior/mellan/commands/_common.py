@@ -119,20 +119,32 @@ def call(
     from melchior.mellan import transport
 
     headers = {"accept": "application/json"}
-    content = None
+    payload = None
     if body is not None:
         headers["content-type"] = "application/json"
-        content = encode(body).encode("utf-8")
+        payload = encode(body).encode("utf-8")
     clean = {k: v for k, v in (params or {}).items() if v is not None}
     try:
         http = transport.client(t.relay, t.token, t.tls, secret=secret, timeout=timeout)
     except transport.TransportError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    from melchior.mellan.client.caller import MAX_ANSWER
+    from melchior.mellan.client.errors import refusal
+
+    answer = b""
     try:
-        with http:
-            response = http.request(
-                method, t.relay + path, headers=headers, content=content, params=clean
-            )
+        with (
+            http,
+            http.stream(
+                method, t.relay + path, headers=headers, content=payload, params=clean
+            ) as response,
+        ):
+            got = bytearray()
+            for chunk in response.iter_bytes():  # bounded: a relay's answer, never a stream
+                got += chunk
+                if len(got) > MAX_ANSWER:
+                    raise CliError(f"refused: the relay's answer exceeds {MAX_ANSWER} bytes")
+            answer = bytes(got)
     except httpx.HTTPError as exc:
         untrusted = transport.untrusted(exc)
         if untrusted:
@@ -143,12 +155,9 @@ def call(
             EXIT_UNREACHABLE,
         ) from exc
     if not response.is_success:
-        from melchior.mellan.client.errors import refusal
-
-        refused = refusal(response.status_code, response.content, response.headers, t.relay + path)
-        raise cli_refusal(refused)
+        raise cli_refusal(refusal(response.status_code, answer, response.headers, t.relay + path))
     try:
-        return decode(response.content) if response.content else {}
+        return decode(answer) if answer else {}
     except ValueError:
         return None
 
