@@ -14,12 +14,13 @@ Run ``.venv/bin/python bench/big_result.py``.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,29 @@ def setup(url: str, owner: str) -> tuple[str, str]:
     return tokens[0], tokens[1]
 
 
-def probe(url: str, stop: threading.Event, out: list[float]) -> None:
+def probe(url: str, seconds: float, go: Any, out: Any) -> None:
+    """Ask ``/healthz`` every 20 ms for ``seconds``; put the list of latencies (ms)."""
+    ms: list[float] = []
     with httpx.Client(base_url=url, timeout=30) as c:
-        while not stop.is_set():
+        go.wait()
+        stop_at = time.monotonic() + seconds
+        while time.monotonic() < stop_at:
             began = time.perf_counter()
             c.get("/healthz")
-            out.append((time.perf_counter() - began) * 1000)
+            ms.append((time.perf_counter() - began) * 1000)
             time.sleep(0.02)
+    out.put(ms)
+
+
+def read(url: str, headers: dict[str, str], seconds: float, go: Any, out: Any) -> None:
+    """GetTask ``url`` in a loop for ``seconds``; put the list of answer sizes (bytes)."""
+    sizes: list[int] = []
+    with httpx.Client(timeout=120, headers=headers) as c:
+        go.wait()
+        stop_at = time.monotonic() + seconds
+        while time.monotonic() < stop_at:
+            sizes.append(len(c.get(url).content))
+    out.put(sizes)
 
 
 def summary(ms: list[float]) -> tuple[float, float, float]:
@@ -71,18 +88,26 @@ def summary(ms: list[float]) -> tuple[float, float, float]:
     return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))], ms[-1]
 
 
-def probed(url: str, seconds: float, work: list[threading.Thread]) -> list[float]:
-    stop, out = threading.Event(), list[float]()
-    prober = threading.Thread(target=probe, args=(url, stop, out))
-    prober.start()
-    for t in work:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    prober.join()
-    for t in work:
-        t.join()
-    return out
+def probed(
+    url: str, seconds: float, readers: Sequence[tuple[str, dict[str, str]]] = ()
+) -> tuple[list[float], list[int]]:
+    """/healthz latencies while ``readers`` (GetTask url, headers) read, each in a process
+    of its own; all start together once every process is up (a barrier)."""
+    ctx = multiprocessing.get_context("spawn")
+    probe_out, read_out = ctx.Queue(), ctx.Queue()
+    go = ctx.Barrier(len(readers) + 2)
+    procs = [ctx.Process(target=read, args=(u, h, seconds, go, read_out)) for u, h in readers]
+    prober = ctx.Process(target=probe, args=(url, seconds, go, probe_out))
+    for p in [*procs, prober]:
+        p.start()
+    go.wait()
+    ms: list[float] = probe_out.get()
+    sizes: list[int] = []
+    for _ in procs:
+        sizes += read_out.get()
+    for p in [prober, *procs]:
+        p.join()
+    return ms, sizes
 
 
 def main() -> None:
@@ -90,7 +115,7 @@ def main() -> None:
         proc, url, owner = start(Path(tmp))
         try:
             caller, ops = setup(url, owner)
-            idle = probed(url, 3.0, [])
+            idle, _ = probed(url, 3.0)
             base = f"{url}/a2a/default/private/ops"
             h = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
             send = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}],
@@ -109,16 +134,8 @@ def main() -> None:
             )  # fmt: skip
             completed_ms = (time.perf_counter() - began) * 1000
             ok(done)
-            sizes: list[int] = []
-
-            def read(stop_at: float) -> None:
-                with httpx.Client(timeout=120, headers=h) as c:
-                    while time.monotonic() < stop_at:
-                        sizes.append(len(c.get(f"{base}/tasks/{task_id}").content))
-
-            stop_at = time.monotonic() + SECONDS
-            busy = probed(url, SECONDS, [threading.Thread(target=read, args=(stop_at,))
-                                         for _ in range(READERS)])  # fmt: skip
+            reader = (f"{base}/tasks/{task_id}", h)
+            busy, sizes = probed(url, SECONDS, [reader] * READERS)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
