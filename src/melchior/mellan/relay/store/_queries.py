@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from melchior.mellan.relay.store import _common as C
+from melchior.mellan.relay.store import bigtext
 from melchior.mellan.relay.store.base import (
     Activity,
     Agent,
@@ -33,6 +34,19 @@ from melchior.mellan.relay.store.base import (
 
 FINISHED_STATES = ("succeeded", "input_required", "failed", "cancelled")
 """The states a finished task can be in (``finished_at`` set), as activity counts them."""
+
+
+TASK_COLUMNS = (
+    "id, workspace, caller, receiver, capability, context_id, state, payload, metadata,"
+    " message_id, session_key, chain, hop, path, attempt, max_attempts, lease_epoch,"
+    " lease_owner, lease_expires_at, error, created_at, updated_at, turn"
+)
+"""Every column of ``task`` a :class:`Task` is built from but ``result``, which
+:meth:`ReadQueries.get_task` reads in pieces when it is big (:mod:`.bigtext`)."""
+
+READ_TRIES = 5
+"""Times :meth:`ReadQueries.get_task` starts over when the row changed between its pieces
+(a turn went on, a cancel), before it reads the row in one statement instead."""
 
 
 def _like_prefix(text: str) -> str:
@@ -122,11 +136,64 @@ class ReadQueries:
         return [C.audit_from_row(r) for r in rows]
 
     def get_task(self, workspace: str, task_id: str) -> Task | None:
-        p = self.P
+        """The task; a result over :data:`~.bigtext.PIECE` characters is read in pieces,
+        and a finished one kept (:mod:`.bigtext` says why)."""
+        p, piece = self.P, bigtext.PIECE
+        for _ in range(READ_TRIES):
+            rows = self._read(
+                f"SELECT {TASK_COLUMNS}, length(result) AS result_chars,"
+                f" CASE WHEN length(result) > {p} THEN NULL ELSE result END AS result"
+                f" FROM task WHERE workspace = {p} AND id = {p}",
+                (piece, workspace, task_id),
+            )
+            if not rows:
+                return None
+            row = dict(rows[0])
+            chars = row.pop("result_chars")
+            if row["result"] is not None or chars is None:
+                return C.task_from_row(row)
+            key = bigtext.Key(task_id, row["turn"], row["lease_epoch"], row["updated_at"], chars)
+            text = self._texts.get(key)
+            if text is None:
+                text = self._result_pieces(key)
+            if text is not None:
+                row["result"] = text
+                return C.task_from_row(row)
         rows = self._read(
             f"SELECT * FROM task WHERE workspace = {p} AND id = {p}", (workspace, task_id)
         )
         return C.task_from_row(rows[0]) if rows else None
+
+    @property
+    def _texts(self) -> bigtext.TextCache:
+        """This store's cache of finished big results (made on first use: a mixin has no
+        ``__init__`` of its own)."""
+        cache: bigtext.TextCache | None = self.__dict__.get("_bigtexts")
+        if cache is None:
+            cache = self.__dict__.setdefault("_bigtexts", bigtext.TextCache())
+        return cache
+
+    def _result_pieces(self, key: bigtext.Key) -> str | None:
+        """The result of the row ``key`` names, a :data:`~.bigtext.PIECE` of characters per
+        statement; None when the row changed in between (the caller reads again). Every
+        result read here is of a finished turn (only ``complete`` writes one), so it is
+        kept in the cache."""
+        p, piece = self.P, bigtext.PIECE
+        pieces: list[str] = []
+        for start in range(1, key.chars + 1, piece):
+            rows = self._read(
+                f"SELECT substr(result, {p}, {p}) AS piece FROM task WHERE id = {p}"
+                f" AND turn = {p} AND lease_epoch = {p} AND updated_at = {p}",
+                (start, piece, key.task_id, key.turn, key.epoch, key.updated_at),
+            )
+            if not rows or rows[0]["piece"] is None:
+                return None
+            pieces.append(rows[0]["piece"])
+        text = "".join(pieces)
+        if len(text) != key.chars:
+            return None
+        self._texts.put(key, text)
+        return text
 
     def turns(self, task_id: str) -> list[TaskTurn]:
         rows = self._read(
