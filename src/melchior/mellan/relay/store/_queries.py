@@ -192,8 +192,7 @@ class ReadQueries:
         text = "".join(pieces)
         if len(text) != key.chars:
             return None
-        self._texts.put(key, text)
-        return text
+        return self._texts.put(key, text)
 
     def turns(self, task_id: str) -> list[TaskTurn]:
         rows = self._read(

@@ -58,17 +58,21 @@ class TextCache:
                 self._texts.move_to_end(key)
             return text
 
-    def put(self, key: Key, text: str) -> None:
+    def put(self, key: Key, text: str) -> str:
+        """Keep ``text``; the text kept for ``key`` is returned: an earlier one when two
+        reads raced (both read it), so both hand out one object."""
         if len(text) > self.budget:
-            return
+            return text
         with self._lock:
-            if key in self._texts:
-                return
+            kept = self._texts.get(key)
+            if kept is not None:
+                return kept
             self._texts[key] = text
             self._chars += len(text)
             while self._chars > self.budget:
                 _, old = self._texts.popitem(last=False)
                 self._chars -= len(old)
+            return text
 
     @property
     def chars(self) -> int:
