@@ -9,20 +9,25 @@ and while the readers read, their ratio, the bytes of one GetTask answer against
 result's size, and how long the complete took. No thresholds: the numbers go to
 docs/benchmarks.md.
 
-Run ``.venv/bin/python bench/big_result.py``.
+Run ``.venv/bin/python bench/big_result.py``. With ``BENCH_PYSPY=out.txt`` (and
+``py-spy`` installed next to the interpreter) the relay is sampled during the reads,
+``py-spy record --gil``, folded stacks written to that file: where the GIL went.
 """
 
 from __future__ import annotations
 
+import http.client
 import multiprocessing
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -73,13 +78,22 @@ def probe(url: str, seconds: float, go: Any, out: Any) -> None:
 
 
 def read(url: str, headers: dict[str, str], seconds: float, go: Any, out: Any) -> None:
-    """GetTask ``url`` in a loop for ``seconds``; put the list of answer sizes (bytes)."""
+    """GetTask ``url`` in a loop for ``seconds``; put the list of answer sizes (bytes).
+    ``http.client`` reads a ``Content-Length`` body in big C reads: a reader costs the
+    shared cores little, so it does not starve the relay it measures."""
     sizes: list[int] = []
-    with httpx.Client(timeout=120, headers=headers) as c:
-        go.wait()
-        stop_at = time.monotonic() + seconds
-        while time.monotonic() < stop_at:
-            sizes.append(len(c.get(url).content))
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=120)
+    go.wait()
+    stop_at = time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        conn.request("GET", parts.path, headers=headers)
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise SystemExit(f"GetTask: {response.status} {body[:300]!r}")
+        sizes.append(len(body))
+    conn.close()
     out.put(sizes)
 
 
@@ -110,6 +124,18 @@ def probed(
     return ms, sizes
 
 
+def profile(pid: int) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the relay's GIL holder for the reads, when ``BENCH_PYSPY`` names a
+    file for its folded stacks."""
+    out = os.environ.get("BENCH_PYSPY")
+    if not out:
+        return None
+    spy = str(Path(sys.executable).parent / "py-spy")
+    args = [spy, "record", "--gil", "--pid", str(pid), "--duration", str(int(SECONDS)),
+            "--format", "raw", "--output", out, "--nonblocking"]  # fmt: skip
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url, owner = start(Path(tmp))
@@ -135,7 +161,10 @@ def main() -> None:
             completed_ms = (time.perf_counter() - began) * 1000
             ok(done)
             reader = (f"{base}/tasks/{task_id}", h)
+            spy = profile(proc.pid)
             busy, sizes = probed(url, SECONDS, [reader] * READERS)
+            if spy is not None:
+                spy.wait(timeout=60)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
