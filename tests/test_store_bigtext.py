@@ -116,13 +116,14 @@ def test_the_next_turn_of_a_task_is_never_answered_from_the_cache(store: Store) 
 
 def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     cache = bigtext.TextCache(budget=10)
-    keys = [bigtext.Key(f"t{i}", 1, 1, 0, 4) for i in range(3)]
+    keys = [bigtext.Key(f"t{i}", 1, 1, 0) for i in range(3)]
     cache.put(keys[0], "aaaa")
     cache.put(keys[1], "bbbb")
     assert cache.get(keys[0]) == "aaaa"  # now the most recent
     cache.put(keys[2], "cccc")
     assert (cache.get(keys[0]), cache.get(keys[1]), cache.get(keys[2])) == ("aaaa", None, "cccc")
     assert cache.chars == 8
-    cache.put(bigtext.Key("huge", 1, 1, 0, 11), "x" * 11)  # over the budget: never kept
-    assert cache.get(bigtext.Key("huge", 1, 1, 0, 11)) is None
+    assert (cache.holds("t0"), cache.holds("t1"), cache.holds("t2")) == (True, False, True)
+    cache.put(bigtext.Key("huge", 1, 1, 0), "x" * 11)  # over the budget: never kept
+    assert cache.get(bigtext.Key("huge", 1, 1, 0)) is None
     assert cache.chars == 8

@@ -137,31 +137,37 @@ class ReadQueries:
 
     def get_task(self, workspace: str, task_id: str) -> Task | None:
         """The task; a result over :data:`~.bigtext.PIECE` characters is read in pieces,
-        and a finished one kept (:mod:`.bigtext` says why)."""
+        and a finished one kept (:mod:`.bigtext` says why). A task with a kept result is
+        read without its result column (the database does not load it either)."""
         p, piece = self.P, bigtext.PIECE
+        where = f" FROM task WHERE workspace = {p} AND id = {p}"
         for _ in range(READ_TRIES):
+            if self._texts.holds(task_id):
+                rows = self._read(f"SELECT {TASK_COLUMNS}" + where, (workspace, task_id))
+                if not rows:
+                    return None
+                row = dict(rows[0])
+                text = self._texts.get(bigtext.key_of(row))
+                if text is not None:
+                    row["result"] = text
+                    return C.task_from_row(row)
+            # The result's head, one character past a piece: all of a small result, and
+            # for a big one its first piece and the sign that there is more.
             rows = self._read(
-                f"SELECT {TASK_COLUMNS}, length(result) AS result_chars,"
-                f" CASE WHEN length(result) > {p} THEN NULL ELSE result END AS result"
-                f" FROM task WHERE workspace = {p} AND id = {p}",
-                (piece, workspace, task_id),
+                f"SELECT {TASK_COLUMNS}, substr(result, 1, {p}) AS result" + where,
+                (piece + 1, workspace, task_id),
             )
             if not rows:
                 return None
             row = dict(rows[0])
-            chars = row.pop("result_chars")
-            if row["result"] is not None or chars is None:
+            head = row["result"]
+            if head is None or len(head) <= piece:
                 return C.task_from_row(row)
-            key = bigtext.Key(task_id, row["turn"], row["lease_epoch"], row["updated_at"], chars)
-            text = self._texts.get(key)
-            if text is None:
-                text = self._result_pieces(key)
+            text = self._result_pieces(bigtext.key_of(row), head)
             if text is not None:
                 row["result"] = text
                 return C.task_from_row(row)
-        rows = self._read(
-            f"SELECT * FROM task WHERE workspace = {p} AND id = {p}", (workspace, task_id)
-        )
+        rows = self._read("SELECT *" + where, (workspace, task_id))
         return C.task_from_row(rows[0]) if rows else None
 
     @property
@@ -173,14 +179,15 @@ class ReadQueries:
             cache = self.__dict__.setdefault("_bigtexts", bigtext.TextCache())
         return cache
 
-    def _result_pieces(self, key: bigtext.Key) -> str | None:
-        """The result of the row ``key`` names, a :data:`~.bigtext.PIECE` of characters per
-        statement; None when the row changed in between (the caller reads again). Every
-        result read here is of a finished turn (only ``complete`` writes one), so it is
-        kept in the cache."""
+    def _result_pieces(self, key: bigtext.Key, head: str) -> str | None:
+        """The result of the row ``key`` names, its ``head`` read already, the rest a
+        :data:`~.bigtext.PIECE` of characters per statement until a short piece; None when
+        the row changed in between (the caller reads again). Every result read here is of
+        a finished turn (only ``complete`` writes one), so it is kept in the cache."""
         p, piece = self.P, bigtext.PIECE
-        pieces: list[str] = []
-        for start in range(1, key.chars + 1, piece):
+        pieces = [head]
+        start = len(head) + 1
+        while True:
             rows = self._read(
                 f"SELECT substr(result, {p}, {p}) AS piece FROM task WHERE id = {p}"
                 f" AND turn = {p} AND lease_epoch = {p} AND updated_at = {p}",
@@ -189,10 +196,10 @@ class ReadQueries:
             if not rows or rows[0]["piece"] is None:
                 return None
             pieces.append(rows[0]["piece"])
-        text = "".join(pieces)
-        if len(text) != key.chars:
-            return None
-        return self._texts.put(key, text)
+            if len(rows[0]["piece"]) < piece:
+                break
+            start += piece
+        return self._texts.put(key, "".join(pieces))
 
     def turns(self, task_id: str) -> list[TaskTurn]:
         rows = self._read(

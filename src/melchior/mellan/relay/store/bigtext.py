@@ -5,8 +5,11 @@ MiB into one Python ``str`` in one C call (sqlite3's column fetch, psycopg's tex
 loader) while holding the GIL, and the relay's event loop waits for it even though the
 read runs on a worker thread. Read as ``substr(result, i, PIECE)`` slices instead, the
 database does the slicing (outside the GIL), and each slice is a short conversion.
-``substr`` and ``length`` count characters on both SQLite and PostgreSQL, so a slice
-never cuts a multi-byte character and the statements are the same on both.
+``substr`` counts characters on both SQLite and PostgreSQL, so a slice never cuts a
+multi-byte character and the statements are the same on both. The first slice is read
+with the row, one character longer than a piece: all of a small result, or the sign
+that there is more (no ``length()``, which would make the database count the characters
+of all 15 MiB on every read).
 
 Why the cache: a finished turn's result never changes (``complete`` writes it once, under
 the live lease epoch; a later turn or a cancel changes the row's turn, epoch or
@@ -19,7 +22,8 @@ keep what they derived from it (:mod:`melchior.mellan.relay.a2a.views`).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 PIECE = 1 << 20
@@ -38,7 +42,11 @@ class Key(NamedTuple):
     turn: int
     epoch: int
     updated_at: Any  # the row's own value (integer ms on SQLite, a timestamp on PostgreSQL)
-    chars: int
+
+
+def key_of(row: Mapping[str, Any]) -> Key:
+    """The :class:`Key` of a task row as read (a mapping of its columns)."""
+    return Key(row["id"], row["turn"], row["lease_epoch"], row["updated_at"])
 
 
 class TextCache:
@@ -48,8 +56,14 @@ class TextCache:
     def __init__(self, budget: int = CACHE_CHARS) -> None:
         self.budget = budget
         self._texts: OrderedDict[Key, str] = OrderedDict()
+        self._tasks: Counter[str] = Counter()  # entries per task id
         self._chars = 0
         self._lock = threading.Lock()
+
+    def holds(self, task_id: str) -> bool:
+        """Whether a result of ``task_id`` is kept (of some turn, epoch and write: a read
+        then looks the row's own key up)."""
+        return task_id in self._tasks
 
     def get(self, key: Key) -> str | None:
         with self._lock:
@@ -68,10 +82,14 @@ class TextCache:
             if kept is not None:
                 return kept
             self._texts[key] = text
+            self._tasks[key.task_id] += 1
             self._chars += len(text)
             while self._chars > self.budget:
-                _, old = self._texts.popitem(last=False)
+                gone, old = self._texts.popitem(last=False)
                 self._chars -= len(old)
+                self._tasks[gone.task_id] -= 1
+                if not self._tasks[gone.task_id]:
+                    del self._tasks[gone.task_id]
             return text
 
     @property
