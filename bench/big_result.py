@@ -1,8 +1,9 @@
 """A big result read by several clients: does the relay's event loop stay responsive?
 
-A real ``mellan relay`` (SQLite, its own process, ``--max-result`` raised to 16 MiB so a
-15 MiB result is allowed) gets one task, completed by a receiver through the receiver API
-with a ``BENCH_MIB`` MiB text result (default 15). Then ``BENCH_READERS`` clients (3) read
+A real ``mellan relay`` (SQLite, or PostgreSQL with ``BENCH_DB=postgres``; its own
+process, ``--max-result`` raised to 16 MiB so a 15 MiB result is allowed) gets one
+task, completed by a receiver through the receiver API with a ``BENCH_MIB`` MiB text
+result (default 15). Then ``BENCH_READERS`` clients (3) read
 it with A2A ``GetTask`` in a loop for ``BENCH_SECONDS`` (10) while a prober asks
 ``/healthz`` every 20 ms. Printed: /healthz p50/p99/max while idle (the baseline, same run)
 and while the readers read, their ratio, the bytes of one GetTask answer against the
@@ -16,6 +17,7 @@ Run ``.venv/bin/python bench/big_result.py``. With ``BENCH_PYSPY=out.txt`` (and
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import multiprocessing
 import os
@@ -24,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,10 +41,31 @@ READERS = int(os.environ.get("BENCH_READERS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 
 
-def start(home: Path) -> tuple[subprocess.Popen[str], str, str]:
-    return _common.start_mellan_relay(
-        f"sqlite://{home / 'relay.db'}", home, "--max-result", str(16 * 1024 * 1024)
-    )
+DB = os.environ.get("BENCH_DB", "sqlite")
+PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def database(home: Path) -> Iterator[str]:
+    """The relay's database: a SQLite file, or (``BENCH_DB=postgres``) a fresh
+    PostgreSQL database on the test server, dropped after."""
+    if DB == "sqlite":
+        yield f"sqlite://{home / 'relay.db'}"
+        return
+    import psycopg
+
+    name = f"bench_big_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def start(db: str, home: Path) -> tuple[subprocess.Popen[str], str, str]:
+    return _common.start_mellan_relay(db, home, "--max-result", str(16 * 1024 * 1024))
 
 
 def ok(r: httpx.Response, status: int = 200) -> Any:
@@ -137,8 +161,8 @@ def profile(pid: int) -> subprocess.Popen[bytes] | None:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, url, owner = start(Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, database(Path(tmp)) as db:
+        proc, url, owner = start(db, Path(tmp))
         try:
             caller, ops = setup(url, owner)
             idle, _ = probed(url, 3.0)
@@ -170,7 +194,8 @@ def main() -> None:
             proc.wait(timeout=30)
     i50, i99, imax = summary(idle)
     b50, b99, bmax = summary(busy)
-    print(f"result {MIB:g} MiB, {READERS} readers, {SECONDS:g} s, {len(sizes)} GetTask answers")
+    print(f"{DB}: result {MIB:g} MiB, {READERS} readers, {SECONDS:g} s,"
+          f" {len(sizes)} GetTask answers")  # fmt: skip
     print(f"complete: {completed_ms:.0f} ms")
     print(f"GetTask answer: {sizes[0] / 2**20:.1f} MiB = {sizes[0] / len(text):.2f}x the result")
     print(f"/healthz idle  p50 {i50:.1f} ms  p99 {i99:.1f} ms  max {imax:.1f} ms")
