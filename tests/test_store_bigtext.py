@@ -10,6 +10,9 @@ pieces, and the cache never serving a result that is no longer the row's.
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +130,30 @@ def test_the_cache_keeps_within_its_budget_and_drops_the_least_recent() -> None:
     cache.put(bigtext.Key("huge", 1, 1, 0), "x" * 11)  # over the budget: never kept
     assert cache.get(bigtext.Key("huge", 1, 1, 0)) is None
     assert cache.chars == 8
+
+
+def test_readers_asking_at_once_get_one_read_and_one_text(store: Store) -> None:
+    """Eight threads read a finished big result at the same moment: every one gets it
+    whole, all the same object, and the database was read for it once (one reader at a
+    time per result; the rest find it kept)."""
+    result = as_result("ö" * (20 * SMALL))
+    task_id = completed(store, result)
+    reads: list[int] = []
+    real = store._result_pieces  # type: ignore[attr-defined]
+
+    def counted(*args: Any) -> Any:
+        reads.append(1)
+        return real(*args)
+
+    store._result_pieces = counted  # type: ignore[attr-defined]
+    start = threading.Barrier(8)
+
+    def one() -> str | None:
+        start.wait()
+        return read(store, task_id)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: one(), range(8)))
+    assert all(g == result for g in got)
+    assert len({id(g) for g in got}) == 1
+    assert len(reads) == 1

@@ -163,7 +163,9 @@ class ReadQueries:
             head = row["result"]
             if head is None or len(head) <= piece:
                 return C.task_from_row(row)
-            text = self._result_pieces(bigtext.key_of(row), head)
+            key = bigtext.key_of(row)
+            with self._texts.one_reader(key):
+                text = self._texts.get(key) or self._result_pieces(key, head)
             if text is not None:
                 row["result"] = text
                 return C.task_from_row(row)

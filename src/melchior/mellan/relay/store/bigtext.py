@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 PIECE = 1 << 20
@@ -57,8 +58,24 @@ class TextCache:
         self.budget = budget
         self._texts: OrderedDict[Key, str] = OrderedDict()
         self._tasks: Counter[str] = Counter()  # entries per task id
+        self._gates: dict[Key, threading.Lock] = {}
         self._chars = 0
         self._lock = threading.Lock()
+
+    @contextmanager
+    def one_reader(self, key: Key) -> Iterator[None]:
+        """Readers of one result not yet kept go one at a time: the first reads it from
+        the database, the others then find it kept. Three clients that ask at once for a
+        finished 15 MiB answer cause one read of it, not three at the same moment."""
+        with self._lock:
+            gate = self._gates.setdefault(key, threading.Lock())
+        try:
+            with gate:
+                yield
+        finally:
+            with self._lock:
+                if self._gates.get(key) is gate and not gate.locked():
+                    del self._gates[key]
 
     def holds(self, task_id: str) -> bool:
         """Whether a result of ``task_id`` is kept (of some turn, epoch and write: a read
