@@ -1,27 +1,36 @@
 """A big result read by several clients: does the relay's event loop stay responsive?
 
-A real ``mellan relay`` (SQLite, its own process, ``--max-result`` raised to 16 MiB so a
-15 MiB result is allowed) gets one task, completed by a receiver through the receiver API
-with a ``BENCH_MIB`` MiB text result (default 15). Then ``BENCH_READERS`` clients (3) read
+A real ``mellan relay`` (SQLite, or PostgreSQL with ``BENCH_DB=postgres``; its own
+process, ``--max-result`` raised to 16 MiB so a 15 MiB result is allowed) gets one
+task, completed by a receiver through the receiver API with a ``BENCH_MIB`` MiB text
+result (default 15). Then ``BENCH_READERS`` clients (3) read
 it with A2A ``GetTask`` in a loop for ``BENCH_SECONDS`` (10) while a prober asks
 ``/healthz`` every 20 ms. Printed: /healthz p50/p99/max while idle (the baseline, same run)
 and while the readers read, their ratio, the bytes of one GetTask answer against the
 result's size, and how long the complete took. No thresholds: the numbers go to
 docs/benchmarks.md.
 
-Run ``.venv/bin/python bench/big_result.py``.
+Run ``.venv/bin/python bench/big_result.py``. With ``BENCH_PYSPY=out.txt`` (and
+``py-spy`` installed next to the interpreter) the relay is sampled during the reads,
+``py-spy record --gil``, folded stacks written to that file: where the GIL went.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import multiprocessing
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
-import threading
 import time
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -32,10 +41,31 @@ READERS = int(os.environ.get("BENCH_READERS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 
 
-def start(home: Path) -> tuple[subprocess.Popen[str], str, str]:
-    return _common.start_mellan_relay(
-        f"sqlite://{home / 'relay.db'}", home, "--max-result", str(16 * 1024 * 1024)
-    )
+DB = os.environ.get("BENCH_DB", "sqlite")
+PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def database(home: Path) -> Iterator[str]:
+    """The relay's database: a SQLite file, or (``BENCH_DB=postgres``) a fresh
+    PostgreSQL database on the test server, dropped after."""
+    if DB == "sqlite":
+        yield f"sqlite://{home / 'relay.db'}"
+        return
+    import psycopg
+
+    name = f"bench_big_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def start(db: str, home: Path) -> tuple[subprocess.Popen[str], str, str]:
+    return _common.start_mellan_relay(db, home, "--max-result", str(16 * 1024 * 1024))
 
 
 def ok(r: httpx.Response, status: int = 200) -> Any:
@@ -57,13 +87,38 @@ def setup(url: str, owner: str) -> tuple[str, str]:
     return tokens[0], tokens[1]
 
 
-def probe(url: str, stop: threading.Event, out: list[float]) -> None:
+def probe(url: str, seconds: float, go: Any, out: Any) -> None:
+    """Ask ``/healthz`` every 20 ms for ``seconds``; put the list of latencies (ms)."""
+    ms: list[float] = []
     with httpx.Client(base_url=url, timeout=30) as c:
-        while not stop.is_set():
+        go.wait()
+        stop_at = time.monotonic() + seconds
+        while time.monotonic() < stop_at:
             began = time.perf_counter()
             c.get("/healthz")
-            out.append((time.perf_counter() - began) * 1000)
+            ms.append((time.perf_counter() - began) * 1000)
             time.sleep(0.02)
+    out.put(ms)
+
+
+def read(url: str, headers: dict[str, str], seconds: float, go: Any, out: Any) -> None:
+    """GetTask ``url`` in a loop for ``seconds``; put the list of answer sizes (bytes).
+    ``http.client`` reads a ``Content-Length`` body in big C reads: a reader costs the
+    shared cores little, so it does not starve the relay it measures."""
+    sizes: list[int] = []
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=120)
+    go.wait()
+    stop_at = time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        conn.request("GET", parts.path, headers=headers)
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise SystemExit(f"GetTask: {response.status} {body[:300]!r}")
+        sizes.append(len(body))
+    conn.close()
+    out.put(sizes)
 
 
 def summary(ms: list[float]) -> tuple[float, float, float]:
@@ -71,26 +126,46 @@ def summary(ms: list[float]) -> tuple[float, float, float]:
     return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))], ms[-1]
 
 
-def probed(url: str, seconds: float, work: list[threading.Thread]) -> list[float]:
-    stop, out = threading.Event(), list[float]()
-    prober = threading.Thread(target=probe, args=(url, stop, out))
-    prober.start()
-    for t in work:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    prober.join()
-    for t in work:
-        t.join()
-    return out
+def probed(
+    url: str, seconds: float, readers: Sequence[tuple[str, dict[str, str]]] = ()
+) -> tuple[list[float], list[int]]:
+    """/healthz latencies while ``readers`` (GetTask url, headers) read, each in a process
+    of its own; all start together once every process is up (a barrier)."""
+    ctx = multiprocessing.get_context("spawn")
+    probe_out, read_out = ctx.Queue(), ctx.Queue()
+    go = ctx.Barrier(len(readers) + 2)
+    procs = [ctx.Process(target=read, args=(u, h, seconds, go, read_out)) for u, h in readers]
+    prober = ctx.Process(target=probe, args=(url, seconds, go, probe_out))
+    for p in [*procs, prober]:
+        p.start()
+    go.wait()
+    ms: list[float] = probe_out.get()
+    sizes: list[int] = []
+    for _ in procs:
+        sizes += read_out.get()
+    for p in [prober, *procs]:
+        p.join()
+    return ms, sizes
+
+
+def profile(pid: int) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the relay's GIL holder for the reads, when ``BENCH_PYSPY`` names a
+    file for its folded stacks."""
+    out = os.environ.get("BENCH_PYSPY")
+    if not out:
+        return None
+    spy = str(Path(sys.executable).parent / "py-spy")
+    args = [spy, "record", "--gil", "--pid", str(pid), "--duration", str(int(SECONDS)),
+            "--format", "raw", "--output", out, "--nonblocking"]  # fmt: skip
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, url, owner = start(Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, database(Path(tmp)) as db:
+        proc, url, owner = start(db, Path(tmp))
         try:
             caller, ops = setup(url, owner)
-            idle = probed(url, 3.0, [])
+            idle, _ = probed(url, 3.0)
             base = f"{url}/a2a/default/private/ops"
             h = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
             send = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}],
@@ -109,22 +184,18 @@ def main() -> None:
             )  # fmt: skip
             completed_ms = (time.perf_counter() - began) * 1000
             ok(done)
-            sizes: list[int] = []
-
-            def read(stop_at: float) -> None:
-                with httpx.Client(timeout=120, headers=h) as c:
-                    while time.monotonic() < stop_at:
-                        sizes.append(len(c.get(f"{base}/tasks/{task_id}").content))
-
-            stop_at = time.monotonic() + SECONDS
-            busy = probed(url, SECONDS, [threading.Thread(target=read, args=(stop_at,))
-                                         for _ in range(READERS)])  # fmt: skip
+            reader = (f"{base}/tasks/{task_id}", h)
+            spy = profile(proc.pid)
+            busy, sizes = probed(url, SECONDS, [reader] * READERS)
+            if spy is not None:
+                spy.wait(timeout=60)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     i50, i99, imax = summary(idle)
     b50, b99, bmax = summary(busy)
-    print(f"result {MIB:g} MiB, {READERS} readers, {SECONDS:g} s, {len(sizes)} GetTask answers")
+    print(f"{DB}: result {MIB:g} MiB, {READERS} readers, {SECONDS:g} s,"
+          f" {len(sizes)} GetTask answers")  # fmt: skip
     print(f"complete: {completed_ms:.0f} ms")
     print(f"GetTask answer: {sizes[0] / 2**20:.1f} MiB = {sizes[0] / len(text):.2f}x the result")
     print(f"/healthz idle  p50 {i50:.1f} ms  p99 {i99:.1f} ms  max {imax:.1f} ms")

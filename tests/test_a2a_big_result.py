@@ -154,3 +154,56 @@ def test_a_big_view_never_parses_or_encodes_the_answer_in_one_call(
     assert max(sizes) < MIB // 4, f"a JSON call over {max(sizes)} characters"
     assert body.decode().count(json.dumps(text, ensure_ascii=False)[1:-1]) == 1
     assert json.loads(body)["result"]["status"]["message"]["parts"] == [{"text": text}]
+
+
+def test_get_task_answers_a_big_result_byte_identical_on_both_bindings_read_after_read(
+    relay: RelayProc, store: Store
+) -> None:
+    """The stored answer's JSON text (read back from the store in pieces, then kept) is in
+    every answer byte for byte, on JSON-RPC and HTTP+JSON, the first read as the later
+    ones (those come from the caches: they must not differ by a byte)."""
+    text = big_text() + "😀\u2028\t" * 1000  # 4-byte, 3-byte UTF-8 and escapes to the end
+    caller, task_id = completed(relay, store, text)
+    stored = store.get_task("default", task_id)
+    assert stored is not None
+    assert stored.result is not None
+    literal = json.dumps(text, ensure_ascii=False).encode()  # as the receiver client sent it
+    assert stored.result.encode().count(literal) == 1
+    headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {caller}"}
+    rpc = {"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": task_id}}
+    reads: list[list[bytes]] = []
+    with httpx.Client(headers=headers, timeout=60) as c:
+        for _ in range(2):
+            bodies = [
+                c.get(f"{base_of(relay)}/tasks/{task_id}").content,
+                c.post(base_of(relay), json=rpc).content,
+            ]
+            for body in bodies:
+                assert body.count(literal) == 1
+            rest_task = json.loads(bodies[0])
+            rpc_task = json.loads(bodies[1])["result"]
+            assert rest_task == rpc_task
+            assert rest_task["status"]["message"]["parts"][0]["text"] == text
+            reads.append(bodies)
+    assert reads[0] == reads[1]
+
+
+def test_a_kept_answer_is_parsed_and_encoded_once_across_views() -> None:
+    """Two GetTask answers of one finished big result (the store hands out one ``str`` for
+    it) share its bytes: the second view neither decodes the result nor encodes the
+    answer again (the same ``bytes`` objects), and still says every byte of it."""
+    text = "é" * (3 * MIB) + '"\\'
+    result = jsontext.dumps({"message": {"role": "ROLE_AGENT", "parts": [{"text": text}]}})
+    seen = tasks.Seen(_task(result), [], [])
+    first = jsontext.dumpb_chunks(tasks._view(seen))
+    second = jsontext.dumpb_chunks(tasks._view(seen))
+    big = [i for i, chunk in enumerate(first) if len(chunk) >= jsontext.SLICE]
+    assert big  # the answer's text is several slices
+    assert all(first[i] is second[i] for i in big)
+    assert b"".join(first) == b"".join(second)
+    assert json.loads(b"".join(second))["status"]["message"]["parts"] == [{"text": text}]
+    # A different str with the same content is not the kept one: parsed afresh, same bytes.
+    other = tasks.Seen(_task("".join([result[:10], result[10:]])), [], [])
+    third = jsontext.dumpb_chunks(tasks._view(other))
+    assert not any(third[i] is first[i] for i in big)
+    assert b"".join(third) == b"".join(first)

@@ -31,6 +31,7 @@ __all__ = [
     "decode_stored",
     "encode",
     "encode_parts",
+    "encode_pieces",
     "whole",
 ]
 
@@ -83,6 +84,18 @@ class Raw:
 
     text: str
 
+    def utf8(self, size: int) -> tuple[bytes, ...]:
+        """The text as UTF-8, ``size`` characters per piece (each ``str.encode`` a short C
+        call), made once per Raw: a finished answer read by many clients is encoded once,
+        not once per read (the views keep its Raw, ``a2a/views.py`` ``Kept``)."""
+        made: tuple[int, tuple[bytes, ...]] | None = self.__dict__.get("_utf8")
+        if made is None or made[0] != size:
+            text = self.text
+            pieces = tuple(text[i : i + size].encode("utf-8") for i in range(0, len(text), size))
+            made = (size, pieces)
+            object.__setattr__(self, "_utf8", made)
+        return made[1]
+
 
 def encode(value: Any) -> str:
     """Serialise ``value`` to JSON, splicing :class:`Raw` text and exact decimals verbatim."""
@@ -93,14 +106,20 @@ def encode_parts(value: Any) -> list[str]:
     """:func:`encode` as the pieces that, joined, are the JSON text: a :class:`Raw` text is
     one piece of its own, so a caller turning a 15 MiB answer into bytes can do it a slice
     at a time (each C call short, so other threads get the GIL in between)."""
-    parts: list[str] = []
+    return [p.text if isinstance(p, Raw) else p for p in encode_pieces(value)]
+
+
+def encode_pieces(value: Any) -> list[str | Raw]:
+    """:func:`encode_parts` with each :class:`Raw` left as itself, so a caller can use
+    what the Raw holds already (its UTF-8 bytes, :meth:`Raw.utf8`)."""
+    parts: list[str | Raw] = []
     _encode(value, parts)
     return parts
 
 
-def _encode(value: Any, out: list[str]) -> None:
+def _encode(value: Any, out: list[str | Raw]) -> None:
     if isinstance(value, Raw):
-        out.append(value.text)
+        out.append(value)
     elif isinstance(value, dict):
         out.append("{")
         first = True

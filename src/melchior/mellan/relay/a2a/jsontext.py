@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from melchior.mellan.rawjson import JSONTextError, decode, encode, encode_parts
+from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode, encode_pieces
 from melchior.mellan.relay.a2a.errors import ParseError
 
 __all__ = ["JSONTextError", "dumpb", "dumpb_chunks", "dumps", "loads"]
@@ -56,18 +56,28 @@ def dumpb_chunks(value: Any) -> list[bytes]:
     :class:`~melchior.mellan.rawjson.Raw` piece (a long stored answer) is encoded a
     :data:`SLICE` at a time: ``str.encode`` of 15 MiB of non-ASCII text is one C call
     holding the GIL for tens of milliseconds, which even on a worker thread stalls the
-    event loop; a slice at a time, other threads run in between. A response can send the
-    chunks as they are (never joining 15 MiB into one more copy)."""
+    event loop; a slice at a time, other threads run in between. Its bytes are kept on
+    the Raw (:meth:`~melchior.mellan.rawjson.Raw.utf8`), so a kept answer is encoded once.
+    A response can send the chunks as they are (never joining 15 MiB into one more
+    copy)."""
     out: list[bytes] = []
     small: list[str] = []
-    for part in encode_parts(value):
-        if len(part) <= SLICE:
+    for part in encode_pieces(value):
+        if isinstance(part, Raw):
+            if len(part.text) <= SLICE:
+                small.append(part.text)
+                continue
+            if small:
+                out.append("".join(small).encode("utf-8"))
+                small = []
+            out.extend(part.utf8(SLICE))
+        elif len(part) <= SLICE:
             small.append(part)
-            continue
-        if small:
-            out.append("".join(small).encode("utf-8"))
-            small = []
-        out.extend(part[i : i + SLICE].encode("utf-8") for i in range(0, len(part), SLICE))
+        else:
+            if small:
+                out.append("".join(small).encode("utf-8"))
+                small = []
+            out.extend(part[i : i + SLICE].encode("utf-8") for i in range(0, len(part), SLICE))
     if small or not out:
         out.append("".join(small).encode("utf-8"))
     return out

@@ -13,6 +13,7 @@ of one task give the same JSON.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -48,25 +49,78 @@ def ends_stream(state: TaskState) -> bool:
     return state.terminal or state is TaskState.INPUT_REQUIRED
 
 
-def _loads_obj(text: str | None) -> dict[str, Any] | None:
+def _loads_obj(text: str | None, *, keep: bool = False) -> dict[str, Any] | None:
     """A stored JSON object (payload, result, event body) with its long strings kept as
     their JSON text (:func:`~melchior.mellan.rawjson.decode_stored`): a view only adds
     ids around the answer, so a 15 MiB text is spliced into the response, never parsed
-    and re-encoded."""
+    and re-encoded. With ``keep`` (a recorded result) a big one is looked up in, and
+    added to, :data:`_kept`."""
     if not text:
         return None
     memo: dict[int, tuple[str, Any]] | None = getattr(_memo, "parsed", None)
     if memo is not None and id(text) in memo and memo[id(text)][0] is text:
         return memo[id(text)][1]  # type: ignore[no-any-return]
-    try:
-        value = decode_stored(text)
-    except Exception:
-        value = None
-    value = value if isinstance(value, dict) else None
-    if memo is not None and len(text) > RAW_OVER:
+    big = len(text) > RAW_OVER
+    kept = _kept.get(text) if keep and big else None
+    value: dict[str, Any] | None
+    if kept is not None:
+        value = dict(kept)  # the top level is the view's to change; below is shared
+    else:
+        try:
+            parsed = decode_stored(text)
+        except Exception:
+            parsed = None
+        value = parsed if isinstance(parsed, dict) else None
+        if keep and big and value is not None:
+            _kept.put(text, value)
+            value = dict(value)
+    if memo is not None and big:
         memo[id(text)] = (text, value)
     return value
 
+
+class Kept:
+    """Finished results parsed once per process, by the identity of their text: the store
+    hands out one ``str`` object per finished big result (its own cache,
+    :mod:`melchior.mellan.relay.store.bigtext`), so a view of it finds the parsed value
+    here, its long strings already :class:`~melchior.mellan.rawjson.Raw` with their UTF-8
+    bytes made once (:func:`~melchior.mellan.relay.a2a.jsontext.dumpb_chunks`). Then
+    three clients polling a 15 MiB answer cost a copy to each socket, not a decode and an
+    encode each. Bounded by the characters of the texts kept (each entry also holds its
+    Raw text and that text's bytes: about three times its size in all); the least
+    recently used go first. The text is held, so its ``id`` cannot be reused while kept."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._items: OrderedDict[int, tuple[str, dict[str, Any]]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> dict[str, Any] | None:
+        with self._lock:
+            item = self._items.get(id(text))
+            if item is None or item[0] is not text:
+                return None
+            self._items.move_to_end(id(text))
+            return item[1]
+
+    def put(self, text: str, value: dict[str, Any]) -> None:
+        if len(text) > self.budget:
+            return
+        with self._lock:
+            if id(text) in self._items:
+                return
+            self._items[id(text)] = (text, value)
+            self._chars += len(text)
+            while self._chars > self.budget:
+                _, (old, _) = self._items.popitem(last=False)
+                self._chars -= len(old)
+
+
+KEPT_CHARS = 64 << 20
+"""Characters of finished results whose parsed views a relay process keeps."""
+
+_kept = Kept(KEPT_CHARS)
 
 _memo = threading.local()
 """While :func:`task_view` builds a view (on this thread): each big stored text parsed
@@ -137,7 +191,7 @@ def agent_message(task: Task, raw: Any, fallback_id: str) -> dict[str, Any] | No
 
 
 def _result(task: Task) -> dict[str, Any]:
-    return _loads_obj(task.result) or {}
+    return _loads_obj(task.result, keep=True) or {}
 
 
 def _error_message(task: Task, error: str | None = None, turn: int = 1) -> dict[str, Any] | None:
@@ -162,7 +216,7 @@ def _error_message(task: Task, error: str | None = None, turn: int = 1) -> dict[
 def _final(task: Task, turn: _Turn) -> dict[str, Any] | None:
     """What a turn ended with: the agent's answer (or question), or the failure."""
     if turn.state in (TaskState.SUCCEEDED, TaskState.INPUT_REQUIRED):
-        raw = (_loads_obj(turn.result) or {}).get("message")
+        raw = (_loads_obj(turn.result, keep=True) or {}).get("message")
         return agent_message(task, raw, f"{task.id}{_suffix(turn.number)}-result")
     if turn.state is TaskState.FAILED:
         return _error_message(task, turn.error, turn.number)
@@ -205,7 +259,7 @@ def status_of(task: Task, events: Sequence[TaskEvent] = ()) -> dict[str, Any]:
 
 def result_artifacts(task: Task, turn: int, result: str | None) -> list[dict[str, Any]]:
     """The artifacts a turn's recorded result carries, each with a stable id."""
-    arts = (_loads_obj(result) or {}).get("artifacts")
+    arts = (_loads_obj(result, keep=True) or {}).get("artifacts")
     out: list[dict[str, Any]] = []
     if isinstance(arts, list):
         for i, art in enumerate(arts):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from melchior.mellan.relay.store import _common as C
+from melchior.mellan.relay.store import bigtext
 from melchior.mellan.relay.store.base import (
     Activity,
     Agent,
@@ -34,6 +35,19 @@ from melchior.mellan.relay.store.base import (
 
 FINISHED_STATES = ("succeeded", "input_required", "failed", "cancelled")
 """The states a finished task can be in (``finished_at`` set), as activity counts them."""
+
+
+TASK_COLUMNS = (
+    "id, workspace, caller, receiver, capability, context_id, state, payload, metadata,"
+    " message_id, session_key, chain, hop, path, attempt, max_attempts, lease_epoch,"
+    " lease_owner, lease_expires_at, error, created_at, updated_at, turn"
+)
+"""Every column of ``task`` a :class:`Task` is built from but ``result``, which
+:meth:`ReadQueries.get_task` reads in pieces when it is big (:mod:`.bigtext`)."""
+
+READ_TRIES = 5
+"""Times :meth:`ReadQueries.get_task` starts over when the row changed between its pieces
+(a turn went on, a cancel), before it reads the row in one statement instead."""
 
 
 def _like_prefix(text: str) -> str:
@@ -123,11 +137,72 @@ class ReadQueries:
         return [C.audit_from_row(r) for r in rows]
 
     def get_task(self, workspace: str, task_id: str) -> Task | None:
-        p = self.P
-        rows = self._read(
-            f"SELECT * FROM task WHERE workspace = {p} AND id = {p}", (workspace, task_id)
-        )
+        """The task; a result over :data:`~.bigtext.PIECE` characters is read in pieces,
+        and a finished one kept (:mod:`.bigtext` says why). A task with a kept result is
+        read without its result column (the database does not load it either)."""
+        p, piece = self.P, bigtext.PIECE
+        where = f" FROM task WHERE workspace = {p} AND id = {p}"
+        for _ in range(READ_TRIES):
+            if self._texts.holds(task_id):
+                rows = self._read(f"SELECT {TASK_COLUMNS}" + where, (workspace, task_id))
+                if not rows:
+                    return None
+                row = dict(rows[0])
+                text = self._texts.get(bigtext.key_of(row))
+                if text is not None:
+                    row["result"] = text
+                    return C.task_from_row(row)
+            # The result's head, one character past a piece: all of a small result, and
+            # for a big one its first piece and the sign that there is more.
+            rows = self._read(
+                f"SELECT {TASK_COLUMNS}, substr(result, 1, {p}) AS result" + where,
+                (piece + 1, workspace, task_id),
+            )
+            if not rows:
+                return None
+            row = dict(rows[0])
+            head = row["result"]
+            if head is None or len(head) <= piece:
+                return C.task_from_row(row)
+            key = bigtext.key_of(row)
+            with self._texts.one_reader(key):
+                text = self._texts.get(key) or self._result_pieces(key, head)
+            if text is not None:
+                row["result"] = text
+                return C.task_from_row(row)
+        rows = self._read("SELECT *" + where, (workspace, task_id))
         return C.task_from_row(rows[0]) if rows else None
+
+    @property
+    def _texts(self) -> bigtext.TextCache:
+        """This store's cache of finished big results (made on first use: a mixin has no
+        ``__init__`` of its own)."""
+        cache: bigtext.TextCache | None = self.__dict__.get("_bigtexts")
+        if cache is None:
+            cache = self.__dict__.setdefault("_bigtexts", bigtext.TextCache())
+        return cache
+
+    def _result_pieces(self, key: bigtext.Key, head: str) -> str | None:
+        """The result of the row ``key`` names, its ``head`` read already, the rest a
+        :data:`~.bigtext.PIECE` of characters per statement until a short piece; None when
+        the row changed in between (the caller reads again). Every result read here is of
+        a finished turn (only ``complete`` writes one), so it is kept in the cache."""
+        p, piece = self.P, bigtext.PIECE
+        pieces = [head]
+        start = len(head) + 1
+        while True:
+            rows = self._read(
+                f"SELECT substr(result, {p}, {p}) AS piece FROM task WHERE id = {p}"
+                f" AND turn = {p} AND lease_epoch = {p} AND updated_at = {p}",
+                (start, piece, key.task_id, key.turn, key.epoch, key.updated_at),
+            )
+            if not rows or rows[0]["piece"] is None:
+                return None
+            pieces.append(rows[0]["piece"])
+            if len(rows[0]["piece"]) < piece:
+                break
+            start += piece
+        return self._texts.put(key, "".join(pieces))
 
     def turns(self, task_id: str) -> list[TaskTurn]:
         rows = self._read(
