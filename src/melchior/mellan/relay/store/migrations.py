@@ -13,7 +13,9 @@ Invariants the schema itself holds, whatever the SQL above it gets wrong:
 - the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only;
 - ``push_on_state`` / ``push_on_event``: every change of a task's state or turn, and
   every event stored for it, writes one ``push_outbox`` row per push config of that task,
-  in the transaction of the change — no statement can change a task and forget a push;
+  in the transaction of the change — no statement can change a task and forget a push
+  (since v11 the state trigger runs only for a task flagged ``push``, which making its
+  first config sets);
 - ``task_route_approved``: at most one approved route per (workspace, agent, capability);
 - ``task_counts_*``: ``receiver_queued`` and ``caller_unfinished`` (summed over their
   slots) equal a count of the task rows they stand for, whatever statement inserted,
@@ -380,6 +382,29 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # and delete (retention), in the transaction of the change; one row per key (SQLite
     # has one writer: no contention to spread). Backfilled from the rows there are.
     _SQLITE_COUNTS,
+    # v11 — a task's push trigger costs nothing unless the task has a push config: the
+    # flag ``push`` is set when its first config is made (by a trigger on push_config,
+    # whatever statement makes one), and push_on_state fires only WHEN it is set. A
+    # config deleted leaves the flag set: the trigger then finds no config, as before.
+    (
+        "ALTER TABLE task ADD COLUMN push INTEGER NOT NULL DEFAULT 0",
+        "UPDATE task SET push = 1 WHERE id IN (SELECT task_id FROM push_config)",
+        """CREATE TRIGGER push_mark AFTER INSERT ON push_config
+           BEGIN
+             UPDATE task SET push = 1 WHERE id = NEW.task_id AND push = 0;
+           END""",
+        "DROP TRIGGER push_on_state",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task
+           WHEN NEW.push AND (NEW.state IS NOT OLD.state OR NEW.turn IS NOT OLD.turn)
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq, created_at,
+                                      due_at)
+             SELECT NEW.id, c.id, NEW.state, NEW.turn,
+                    (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e WHERE e.task_id = NEW.id),
+                    NEW.updated_at, NEW.updated_at
+             FROM push_config c WHERE c.task_id = NEW.id;
+           END""",
+    ),
 )
 
 COUNT_SLOTS = 8
@@ -789,6 +814,23 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
     # v10 — the send caps read counters, not the backlog (see the SQLite v10 for the why):
     # statement triggers with transition tables, striped over COUNT_SLOTS rows per key
     _PG_COUNTS,
+    # v11 — push_on_state only for a task with a push config (see the SQLite v11)
+    (
+        "ALTER TABLE task ADD COLUMN push boolean NOT NULL DEFAULT false",
+        "UPDATE task SET push = true WHERE id IN (SELECT task_id FROM push_config)",
+        """CREATE FUNCTION push_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             UPDATE task SET push = true WHERE id = NEW.task_id AND NOT push;
+             RETURN NULL;
+           END $$""",
+        """CREATE TRIGGER push_mark AFTER INSERT ON push_config FOR EACH ROW
+           EXECUTE FUNCTION push_mark()""",
+        "DROP TRIGGER push_on_state ON task",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task FOR EACH ROW
+           WHEN (NEW.push AND (NEW.state IS DISTINCT FROM OLD.state
+                               OR NEW.turn IS DISTINCT FROM OLD.turn))
+           EXECUTE FUNCTION push_on_state()""",
+    ),
 )
 
 LATEST_SQLITE = len(SQLITE)
