@@ -180,3 +180,71 @@ def test_v8_on_a_v6_database(kind: str, tmp_path: Path, request: pytest.FixtureR
         assert isinstance(got[1], OverLimit)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_v10_counts_the_tasks_already_there(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The counters v10 adds start from the rows a v9 database holds (queued, running,
+    waiting for input, finished), so the first capped send after the upgrade counts them."""
+    from melchior.mellan.relay.store.base import Caps, OverLimit
+    from melchior.policy.send_limits import QUEUED
+
+    s = _make(kind, tmp_path, request)
+    try:
+        assert getattr(s, "migrate")(target=9) == 9  # noqa: B009
+        seed(s)
+        for k in range(4):
+            s.enqueue(new_task(message_id=f"m{k}"))
+        (first, second) = s.claim(WS, RECEIVER, "rx", limit=2)
+        s.complete(first.task.id, first.epoch, "{}")
+        s.complete(second.task.id, second.epoch, "{}", input_required=True)
+    finally:
+        s.close()
+    s = _make(kind, tmp_path, request)
+    try:
+        s.migrate()
+        read = getattr(s, "_read")  # noqa: B009
+        (q,) = read("SELECT sum(n) AS n FROM receiver_queued")
+        (u,) = read("SELECT sum(n) AS n FROM caller_unfinished")
+        assert (int(q["n"]), int(u["n"])) == (2, 3)  # 2 queued; + 1 waiting for input
+        (over,) = s.admit([new_task(message_id="m9", caps=Caps(1000, 2))])
+        assert isinstance(over, OverLimit)
+        assert (over.limit, over.count) == (QUEUED, 2)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_v11_flags_the_tasks_with_push_configs(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """After v11 a task's state changes are pushed only when it is flagged: a task with a
+    config made under v10 is flagged by the upgrade and still pushed; one without is not."""
+    from melchior.mellan.relay.store.base import NewPush
+
+    s = _make(kind, tmp_path, request)
+    try:
+        assert getattr(s, "migrate")(target=10) == 10  # noqa: B009
+        seed(s)
+        pushed, _ = s.enqueue(new_task(message_id="a"))
+        s.add_push_config(WS, pushed.id, CALLER, NewPush(url="https://hooks.example/t"))
+        silent, _ = s.enqueue(new_task(message_id="b"))
+    finally:
+        s.close()
+    s = _make(kind, tmp_path, request)
+    try:
+        s.migrate()
+        read = getattr(s, "_read")  # noqa: B009
+        flags = {r["id"]: bool(r["push"]) for r in read("SELECT id, push FROM task")}
+        assert flags == {pushed.id: True, silent.id: False}
+        assert len(s.claim(WS, RECEIVER, "rx", limit=2)) == 2
+        assert [r.state for r in s.push_attempts(pushed.id)] == [TaskState.LEASED]
+        assert s.push_attempts(silent.id) == []
+        later, _ = s.enqueue(new_task(message_id="c"))
+        s.add_push_config(WS, later.id, CALLER, NewPush(url="https://hooks.example/u"))
+        (row,) = read(f"SELECT push FROM task WHERE id = '{later.id}'")
+        assert bool(row["push"])  # a config made after the upgrade flags its task too
+    finally:
+        s.close()

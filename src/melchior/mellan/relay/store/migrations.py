@@ -13,13 +13,76 @@ Invariants the schema itself holds, whatever the SQL above it gets wrong:
 - the audit table refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE: append-only;
 - ``push_on_state`` / ``push_on_event``: every change of a task's state or turn, and
   every event stored for it, writes one ``push_outbox`` row per push config of that task,
-  in the transaction of the change — no statement can change a task and forget a push;
-- ``task_route_approved``: at most one approved route per (workspace, agent, capability).
+  in the transaction of the change — no statement can change a task and forget a push
+  (since v11 the state trigger runs only for a task flagged ``push``, which making its
+  first config sets);
+- ``task_route_approved``: at most one approved route per (workspace, agent, capability);
+- ``task_counts_*``: ``receiver_queued`` and ``caller_unfinished`` (summed over their
+  slots) equal a count of the task rows they stand for, whatever statement inserted,
+  changed or deleted them — the send caps read them instead of the backlog (v10).
 """
 
 from __future__ import annotations
 
 _STATES = "'queued','leased','succeeded','input_required','failed','cancelled'"
+
+_QUEUED = "state = 'queued'"
+_UNFINISHED = "state IN ('queued','leased','input_required')"
+"""What each send cap counts (policy/send_limits.py): a receiver's queued tasks, and a
+caller's unfinished tasks at a receiver (queued, running or waiting for input)."""
+
+
+def _sqlite_counts_trigger(
+    name: str, event: str, row: str, dq: str, du: str, when: str = ""
+) -> str:
+    """One row trigger adding a changed task's deltas to both counters (0 changes none)."""
+    return f"""CREATE TRIGGER {name} AFTER {event} ON task {when}
+           BEGIN
+             INSERT INTO receiver_queued (workspace, receiver, slot, n)
+             SELECT {row}.workspace, {row}.receiver, 0, {dq} WHERE {dq} <> 0
+             ON CONFLICT (workspace, receiver, slot) DO UPDATE SET n = n + excluded.n;
+             INSERT INTO caller_unfinished (workspace, receiver, caller, slot, n)
+             SELECT {row}.workspace, {row}.receiver, {row}.caller, 0, {du} WHERE {du} <> 0
+             ON CONFLICT (workspace, receiver, caller, slot) DO UPDATE SET n = n + excluded.n;
+           END"""
+
+
+_NEW_Q, _NEW_U = f"(NEW.{_QUEUED})", f"(NEW.{_UNFINISHED})"
+_OLD_Q, _OLD_U = f"(OLD.{_QUEUED})", f"(OLD.{_UNFINISHED})"
+
+_SQLITE_COUNTS: tuple[str, ...] = (
+    """CREATE TABLE receiver_queued (
+        workspace TEXT NOT NULL,
+        receiver TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (workspace, receiver, slot)
+    ) STRICT, WITHOUT ROWID""",
+    """CREATE TABLE caller_unfinished (
+        workspace TEXT NOT NULL,
+        receiver TEXT NOT NULL,
+        caller TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (workspace, receiver, caller, slot)
+    ) STRICT, WITHOUT ROWID""",
+    f"""INSERT INTO receiver_queued (workspace, receiver, slot, n)
+        SELECT workspace, receiver, 0, count(*) FROM task WHERE {_QUEUED}
+        GROUP BY workspace, receiver""",
+    f"""INSERT INTO caller_unfinished (workspace, receiver, caller, slot, n)
+        SELECT workspace, receiver, caller, 0, count(*) FROM task WHERE {_UNFINISHED}
+        GROUP BY workspace, receiver, caller""",
+    _sqlite_counts_trigger("task_counts_insert", "INSERT", "NEW", _NEW_Q, _NEW_U),
+    _sqlite_counts_trigger(
+        "task_counts_state",
+        "UPDATE OF state",
+        "NEW",
+        f"({_NEW_Q} - {_OLD_Q})",
+        f"({_NEW_U} - {_OLD_U})",
+        "WHEN NEW.state IS NOT OLD.state",
+    ),
+    _sqlite_counts_trigger("task_counts_delete", "DELETE", "OLD", f"(-{_OLD_Q})", f"(-{_OLD_U})"),
+)
 
 # SQLite: timestamps are INTEGER unix milliseconds read from the database's clock.
 SQLITE: tuple[tuple[str, ...], ...] = (
@@ -313,6 +376,118 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # v9 — nothing for SQLite: PostgreSQL's v9 is a function that writes a progress event
     # in one statement, saving round trips SQLite (in-process) does not pay
     (),
+    # v10 — the send caps read counters, not the backlog: counting a receiver's queue (or
+    # a caller's unfinished tasks at it) cost what the queue was deep, on every capped
+    # enqueue. Row triggers keep the counts with every change of a task's state, insert
+    # and delete (retention), in the transaction of the change; one row per key (SQLite
+    # has one writer: no contention to spread). Backfilled from the rows there are.
+    _SQLITE_COUNTS,
+    # v11 — a task's push trigger costs nothing unless the task has a push config: the
+    # flag ``push`` is set when its first config is made (by a trigger on push_config,
+    # whatever statement makes one), and push_on_state fires only WHEN it is set. A
+    # config deleted leaves the flag set: the trigger then finds no config, as before.
+    (
+        "ALTER TABLE task ADD COLUMN push INTEGER NOT NULL DEFAULT 0",
+        "UPDATE task SET push = 1 WHERE id IN (SELECT task_id FROM push_config)",
+        """CREATE TRIGGER push_mark AFTER INSERT ON push_config
+           BEGIN
+             UPDATE task SET push = 1 WHERE id = NEW.task_id AND push = 0;
+           END""",
+        "DROP TRIGGER push_on_state",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task
+           WHEN NEW.push AND (NEW.state IS NOT OLD.state OR NEW.turn IS NOT OLD.turn)
+           BEGIN
+             INSERT INTO push_outbox (task_id, config_id, state, turn, upto_seq, created_at,
+                                      due_at)
+             SELECT NEW.id, c.id, NEW.state, NEW.turn,
+                    (SELECT COALESCE(MAX(e.seq), 0) FROM task_event e WHERE e.task_id = NEW.id),
+                    NEW.updated_at, NEW.updated_at
+             FROM push_config c WHERE c.task_id = NEW.id;
+           END""",
+    ),
+)
+
+COUNT_SLOTS = 8
+"""Rows per counter key on PostgreSQL: a transaction adds its deltas to the row of slot
+``mod(pg_backend_pid(), COUNT_SLOTS)``, so concurrent claims of one receiver from different
+connections rarely wait on one row (a count is the sum of its slots)."""
+
+_PG_DELTAS = {
+    "insert": (
+        "REFERENCING NEW TABLE AS new_rows",
+        f"SELECT workspace, receiver, caller, ({_QUEUED})::int AS dq,"
+        f" ({_UNFINISHED})::int AS du FROM new_rows",
+    ),
+    "delete": (
+        "REFERENCING OLD TABLE AS old_rows",
+        f"SELECT workspace, receiver, caller, -({_QUEUED})::int AS dq,"
+        f" -({_UNFINISHED})::int AS du FROM old_rows",
+    ),
+    "update": (
+        "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
+        f"SELECT n.workspace, n.receiver, n.caller,"
+        f" (n.{_QUEUED})::int - (o.{_QUEUED})::int AS dq,"
+        f" (n.{_UNFINISHED})::int - (o.{_UNFINISHED})::int AS du"
+        " FROM new_rows n JOIN old_rows o ON o.seq = n.seq WHERE n.state <> o.state",
+    ),
+}
+"""Per event, the transition tables a statement trigger reads and the signed change of
+each task it touched (a task's workspace, receiver and caller never change)."""
+
+
+def _pg_counts(event: str) -> tuple[str, str]:
+    """A statement trigger's function and the trigger: a whole claim of 50 (or an accept
+    batch, or a retention sweep) adds its grouped deltas in one statement, keys in one
+    order (no deadlock between two statements over several keys)."""
+    referencing, deltas = _PG_DELTAS[event]
+    slot = f"mod(pg_backend_pid(), {COUNT_SLOTS})"
+    function = f"""CREATE FUNCTION task_counts_{event}() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             WITH d AS ({deltas}),
+             q AS (INSERT INTO receiver_queued AS c (workspace, receiver, slot, n)
+                   SELECT workspace, receiver, {slot}, sum(dq) FROM d
+                   GROUP BY workspace, receiver HAVING sum(dq) <> 0
+                   ORDER BY workspace, receiver
+                   ON CONFLICT (workspace, receiver, slot) DO UPDATE SET n = c.n + excluded.n)
+             INSERT INTO caller_unfinished AS c (workspace, receiver, caller, slot, n)
+             SELECT workspace, receiver, caller, {slot}, sum(du) FROM d
+             GROUP BY workspace, receiver, caller HAVING sum(du) <> 0
+             ORDER BY workspace, receiver, caller
+             ON CONFLICT (workspace, receiver, caller, slot) DO UPDATE SET n = c.n + excluded.n;
+             RETURN NULL;
+           END $$"""
+    trigger = f"""CREATE TRIGGER task_counts_{event} AFTER {event.upper()} ON task
+           {referencing} FOR EACH STATEMENT EXECUTE FUNCTION task_counts_{event}()"""
+    return function, trigger
+
+
+_PG_COUNTS: tuple[str, ...] = (
+    # no task changes between the backfill and the triggers: writers wait for the commit
+    "LOCK TABLE task IN SHARE ROW EXCLUSIVE MODE",
+    """CREATE TABLE receiver_queued (
+        workspace text NOT NULL,
+        receiver text NOT NULL,
+        slot smallint NOT NULL,
+        n bigint NOT NULL,
+        PRIMARY KEY (workspace, receiver, slot)
+    ) WITH (fillfactor = 50)""",
+    """CREATE TABLE caller_unfinished (
+        workspace text NOT NULL,
+        receiver text NOT NULL,
+        caller text NOT NULL,
+        slot smallint NOT NULL,
+        n bigint NOT NULL,
+        PRIMARY KEY (workspace, receiver, caller, slot)
+    ) WITH (fillfactor = 50)""",
+    f"""INSERT INTO receiver_queued (workspace, receiver, slot, n)
+        SELECT workspace, receiver, 0, count(*) FROM task WHERE {_QUEUED}
+        GROUP BY workspace, receiver""",
+    f"""INSERT INTO caller_unfinished (workspace, receiver, caller, slot, n)
+        SELECT workspace, receiver, caller, 0, count(*) FROM task WHERE {_UNFINISHED}
+        GROUP BY workspace, receiver, caller""",
+    *_pg_counts("insert"),
+    *_pg_counts("update"),
+    *_pg_counts("delete"),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -635,6 +810,26 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
                         p_request_id);
             END IF;
         END $$""",
+    ),
+    # v10 — the send caps read counters, not the backlog (see the SQLite v10 for the why):
+    # statement triggers with transition tables, striped over COUNT_SLOTS rows per key
+    _PG_COUNTS,
+    # v11 — push_on_state only for a task with a push config (see the SQLite v11)
+    (
+        "ALTER TABLE task ADD COLUMN push boolean NOT NULL DEFAULT false",
+        "UPDATE task SET push = true WHERE id IN (SELECT task_id FROM push_config)",
+        """CREATE FUNCTION push_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             UPDATE task SET push = true WHERE id = NEW.task_id AND NOT push;
+             RETURN NULL;
+           END $$""",
+        """CREATE TRIGGER push_mark AFTER INSERT ON push_config FOR EACH ROW
+           EXECUTE FUNCTION push_mark()""",
+        "DROP TRIGGER push_on_state ON task",
+        """CREATE TRIGGER push_on_state AFTER UPDATE OF state, turn ON task FOR EACH ROW
+           WHEN (NEW.push AND (NEW.state IS DISTINCT FROM OLD.state
+                               OR NEW.turn IS DISTINCT FROM OLD.turn))
+           EXECUTE FUNCTION push_on_state()""",
     ),
 )
 

@@ -254,21 +254,21 @@ class _Tx:
             )
 
     def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        """From the counter the schema keeps (v10), summed over its slots: no backlog read."""
         row = self.one(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
-            " AND caller = %s AND state IN ('queued','leased','input_required') LIMIT %s)"
-            " AS capped",
-            (workspace, receiver, caller, upto),
+            "SELECT COALESCE(sum(n), 0) AS n FROM caller_unfinished"
+            " WHERE workspace = %s AND receiver = %s AND caller = %s",
+            (workspace, receiver, caller),
         )
-        return int(row["n"]) if row else 0
+        return min(int(row["n"]) if row else 0, upto)
 
     def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
         row = self.one(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM task WHERE workspace = %s AND receiver = %s"
-            " AND state = 'queued' LIMIT %s) AS capped",
-            (workspace, receiver, upto),
+            "SELECT COALESCE(sum(n), 0) AS n FROM receiver_queued"
+            " WHERE workspace = %s AND receiver = %s",
+            (workspace, receiver),
         )
-        return int(row["n"]) if row else 0
+        return min(int(row["n"]) if row else 0, upto)
 
     def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
         self.run(

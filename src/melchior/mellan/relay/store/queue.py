@@ -115,8 +115,14 @@ class Tx(PushTx, RetentionTx, RouteTx, Protocol):
         """Serialize enqueues to these (workspace, receiver)s until COMMIT."""
         ...
 
-    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int: ...
-    def count_queued(self, workspace: str, receiver: str, upto: int) -> int: ...
+    def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        """The caller's unfinished tasks at the receiver, at most ``upto`` (a counter)."""
+        ...
+
+    def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
+        """The receiver's queued tasks, at most ``upto`` (a counter, not a scan)."""
+        ...
+
     def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None: ...
     def delete_limits(self, workspace: str, agent: str) -> None: ...
     def limits_row(self, workspace: str, agent: str) -> Row | None: ...
@@ -401,7 +407,9 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
     @staticmethod
     def _over_caps(tx: Tx, tasks: Sequence[NewTask]) -> dict[int, OverLimit]:
         """The new tasks of a batch that a cap refuses, counted in this transaction (with
-        the receivers locked) and in input order, so a batch fills a cap exactly."""
+        the receivers locked) and in input order, so a batch fills a cap exactly. The
+        counts are read from counters the schema keeps with every task change (v10), so
+        a send into a deep backlog costs what a send into an empty one does."""
         capped = [k for k, t in enumerate(tasks) if t.caps is not None]
         if not capped:
             return {}

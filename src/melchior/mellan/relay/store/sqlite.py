@@ -217,20 +217,20 @@ class _Tx:
         """Nothing to take: BEGIN IMMEDIATE already made this the only writer."""
 
     def count_unfinished(self, workspace: str, caller: str, receiver: str, upto: int) -> int:
+        """From the counter the schema keeps (v10): no backlog read."""
         row = self.one(
-            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
-            " AND caller = ? AND state IN ('queued','leased','input_required') LIMIT ?)",
-            (workspace, receiver, caller, upto),
+            "SELECT COALESCE(sum(n), 0) FROM caller_unfinished"
+            " WHERE workspace = ? AND receiver = ? AND caller = ?",
+            (workspace, receiver, caller),
         )
-        return int(row[0]) if row else 0
+        return min(int(row[0]) if row else 0, upto)
 
     def count_queued(self, workspace: str, receiver: str, upto: int) -> int:
         row = self.one(
-            "SELECT count(*) FROM (SELECT 1 FROM task WHERE workspace = ? AND receiver = ?"
-            " AND state = 'queued' LIMIT ?)",
-            (workspace, receiver, upto),
+            "SELECT COALESCE(sum(n), 0) FROM receiver_queued WHERE workspace = ? AND receiver = ?",
+            (workspace, receiver),
         )
-        return int(row[0]) if row else 0
+        return min(int(row[0]) if row else 0, upto)
 
     def upsert_limits(self, workspace: str, agent: str, values: Sequence[Any]) -> None:
         self.run(

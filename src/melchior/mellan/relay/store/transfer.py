@@ -47,6 +47,8 @@ TABLES: tuple[str, ...] = (
     "push_outbox",
     "dashboard_session",
     "task_route",
+    "receiver_queued",
+    "caller_unfinished",
 )
 """Every table of the relay's schema (schema_version aside: the target migrates itself),
 parents first. A task's push configs come before its events, as in a live database: so
