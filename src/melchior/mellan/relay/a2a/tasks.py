@@ -280,13 +280,18 @@ async def follow(
         return state.terminal if until_terminal else views.ends_stream(state)
 
     follower = watch(relay, task)
+    # A stream holds no task row of its own (the one it was opened with was read for it:
+    # a copy of every payload per stream), nor the reader value it opened on.
+    del task
     try:
         await follower.arm()
         first = follower.latest()
         if first.task is None:
             return
         snapshot, place = await opening(relay, first, history_length)
+        del first
         yield snapshot
+        del snapshot
         while not over(place.state):
             if not await follower.wait(sse.KEEPALIVE_SECONDS):
                 if follower.ended:  # the reader was stopped (shutdown): end the stream
@@ -297,10 +302,12 @@ async def follow(
             if now.task is None:
                 return
             updates, place = advance(now, place)
-            for update in updates:
-                yield update
+            del now  # a stream that waits holds its place only, no reader value
             if not updates:
                 yield sse.QUIET
+            for i in range(len(updates)):
+                yield updates[i]
+            del updates
     finally:
         follower.close()
 
