@@ -274,7 +274,11 @@ async def follow(
     where it is (last event, state, turn, artifacts sent) and, each time it looks, takes
     what the reader holds past that. A stream that fell behind (a client reading slowly)
     so catches up in one step on the reader's latest view — every event it missed, in
-    order, then the state now — and never holds the reader or the other streams up."""
+    order, then the state now — and never holds the reader or the other streams up.
+
+    What it yields is shared: the streams at the same place get the same
+    :class:`~.sse.Encoded` objects (:func:`advance`), dicts to every binding, whose JSON
+    bytes are encoded once. Read them; never change them."""
 
     def over(state: TaskState) -> bool:
         return state.terminal if until_terminal else views.ends_stream(state)
