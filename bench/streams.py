@@ -141,7 +141,9 @@ def main() -> None:
                 ids.append(
                     ok(httpx.post(f"{base}/message:send", json=send, headers=h))["task"]["id"]
                 )
-            claim = {"wait": 5, "limit": TASKS}
+            # A lease long enough for the whole run: progress does not renew it, and a task
+            # whose lease lapsed refuses the ticks (the streams would then get no events).
+            claim = {"wait": 5, "limit": TASKS, "lease_seconds": 3600}
             leases = ok(httpx.post(f"{url}/api/receiver/claim", json=claim, headers=rh))["leases"]
             epochs = {lease["task"]["id"]: lease["epoch"] for lease in leases}
             stop = threading.Event()
@@ -156,9 +158,12 @@ def main() -> None:
                             said = {"message": {"parts": [{"text": f"tick {n}"}]}}
                             body = {"epoch": epoch, "kind": "status", "body": said}
                             try:
-                                c.post(f"/api/receiver/tasks/{tid}/progress", json=body)
+                                r = c.post(f"/api/receiver/tasks/{tid}/progress", json=body)
                             except httpx.HTTPError as exc:  # counted, not fatal
                                 tick_errors.append(repr(exc))
+                                continue
+                            if r.status_code >= 300:  # refused: counted, and said why
+                                tick_errors.append(f"{r.status_code} {r.text[:200]}")
 
             paths = [f"/a2a/default/private/ops/tasks/{tid}:subscribe" for tid in ids]
             streams = Streams(url, caller, paths)
@@ -174,6 +179,7 @@ def main() -> None:
                 time.sleep(2.0)
                 print(f"... {at}: settled {time.monotonic() - settled:.1f} s after opening")
                 reads0 = metric(url, owner, "mellan_stream_reads_total")
+                events0 = streams.events
                 began = time.monotonic()
                 ms = probe(url, SECONDS)
                 reads = (metric(url, owner, "mellan_stream_reads_total") - reads0) / (
@@ -183,7 +189,8 @@ def main() -> None:
                 rows.append((streams.open, p50, p99, rss_mib(proc.pid), reads, len(ms)))
                 print(f"... {streams.open} open, {len(streams.failed)} failed: /healthz p50"
                       f" {p50:.1f} ms p99 {p99:.1f} ms, RSS {rows[-1][3]:.0f} MiB,"
-                      f" {reads:.1f} reads/s", flush=True)  # fmt: skip
+                      f" {reads:.1f} reads/s, {streams.events - events0} events to the"
+                      " client while probed", flush=True)  # fmt: skip
             stop.set()
             ticker.join()
         finally:

@@ -324,7 +324,7 @@ def test_sse_frames_keepalive_and_a_late_error() -> None:
 
     async def collect() -> bytes:
         chunks = []
-        async for chunk in sse._frames(events(), lambda e: e, lambda e: e.rest_body(), 0.01):
+        async for chunk in sse._frames(events(), sse.BARE, lambda e: e.rest_body(), 0.01):
             chunks.append(chunk)
         return b"".join(chunks)
 

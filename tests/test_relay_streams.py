@@ -172,7 +172,7 @@ def test_frames_say_alive_only_after_the_keepalive_and_turn_failures_into_error_
     async def frames(keepalive: float) -> list[bytes]:
         out = []
         failed = lambda exc: {"e": str(exc)}  # noqa: E731
-        async for chunk in sse._frames(source(), lambda e: e, failed, keepalive):
+        async for chunk in sse._frames(source(), sse.BARE, failed, keepalive):
             out.append(chunk)
         return out
 

@@ -118,12 +118,16 @@ async def handle(relay: Relay, request: Request, target: Target) -> Response:
     return http.json_response(await encoded(relay, method, answer), "application/json")
 
 
-def _stream(events: AsyncIterator[dict[str, Any]], rid: RequestId) -> Response:
-    def wrap(event: dict[str, Any]) -> Any:
-        return {"jsonrpc": "2.0", "id": rid, "result": event}
+def stream_envelope(rid: RequestId) -> sse.Envelope:
+    """A stream's frames are ``{"jsonrpc":"2.0","id":<rid>,"result":<event>}``: the id's
+    bytes around each event's shared bytes (:class:`~.sse.Envelope`)."""
+    head = b'{"jsonrpc":"2.0","id":' + sse.line_safe(jsontext.dumpb(rid)) + b',"result":'
+    return sse.Envelope(head, b"}")
 
+
+def _stream(events: AsyncIterator[dict[str, Any]], rid: RequestId) -> Response:
     def on_error(exc: Exception) -> Any:
         err = exc if isinstance(exc, A2AError) else translate(exc)
         return {"jsonrpc": "2.0", "id": rid, "error": err.jsonrpc_error()}
 
-    return sse.stream(events, wrap, on_error)
+    return sse.stream(events, stream_envelope(rid), on_error)

@@ -167,4 +167,4 @@ def _stream(events: AsyncIterator[dict[str, Any]]) -> Response:
         err = exc if isinstance(exc, A2AError) else translate(exc)
         return err.rest_body()
 
-    return sse.stream(events, lambda ev: ev, on_error)
+    return sse.stream(events, sse.BARE, on_error)

@@ -5,6 +5,11 @@ with SubscribeToTask and gets a fresh snapshot); ``event: error`` marks a failur
 the stream began (the data is the binding's error body), as A2A clients expect. A
 comment line is sent while nothing happens so proxies and idle timeouts do not cut a
 quiet stream.
+
+A frame's data is the binding's envelope around one ``StreamResponse`` (:class:`Envelope`:
+nothing for HTTP+JSON, a JSON-RPC response with the request's id), joined as bytes: an
+update many streams send (:class:`Encoded`) is JSON-encoded once and its bytes shared by
+every stream, whatever its binding or id.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -30,21 +36,66 @@ no task or wait per event between an event and its frame."""
 _LINE_SEPARATORS = (("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
 
 
-def frame(obj: Any, event: str | None = None) -> bytes:
-    """One SSE event. U+2028 and U+2029 are written escaped: they can only occur inside
-    JSON strings, where an escape means the same character, and clients that split lines
-    on them (JavaScript's, some Python ones) would otherwise cut the ``data:`` line and
-    fail to parse it."""
-    data = jsontext.dumpb(obj)
+def line_safe(data: bytes) -> bytes:
+    """JSON bytes fit for one ``data:`` line. U+2028 and U+2029 are written escaped: they
+    can only occur inside JSON strings, where an escape means the same character, and
+    clients that split lines on them (JavaScript's, some Python ones) would otherwise cut
+    the ``data:`` line and fail to parse it."""
     for raw, escaped in _LINE_SEPARATORS:
-        data = data.replace(raw, escaped)
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
+def frame(obj: Any, event: str | None = None) -> bytes:
+    """One SSE event of ``obj`` as JSON."""
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + data + b"\n\n"
+    return head + b"data: " + line_safe(jsontext.dumpb(obj)) + b"\n\n"
+
+
+class Encoded(dict[str, Any]):
+    """A ``StreamResponse`` that many streams send (the same update to every stream of a
+    task at the same place): a dict like any other, whose line-safe JSON is encoded the
+    first time a stream sends it and then shared. Read-only by contract: every stream
+    holds this one object."""
+
+    __slots__ = ("_data",)
+
+    def data(self) -> bytes:
+        try:
+            return self._data
+        except AttributeError:
+            self._data: bytes = line_safe(jsontext.dumpb(dict(self)))
+            return self._data
+
+
+def payload(event: dict[str, Any]) -> bytes:
+    """``event``'s line-safe JSON: shared if it is :class:`Encoded`, else encoded now."""
+    if isinstance(event, Encoded):
+        return event.data()
+    return line_safe(jsontext.dumpb(event))
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What a binding puts around each ``StreamResponse`` in a frame's data, as bytes
+    (already line-safe): ``head`` + the event's JSON + ``tail`` is the JSON of the
+    binding's object, byte for byte (the codec is compact: no spaces to differ)."""
+
+    head: bytes = b""
+    tail: bytes = b""
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        return b"".join((b"data: ", self.head, payload(event), self.tail, b"\n\n"))
+
+
+BARE = Envelope()
+"""The HTTP+JSON binding's: the ``StreamResponse`` itself."""
 
 
 async def _frames(
     events: AsyncIterator[dict[str, Any]],
-    wrap: Callable[[dict[str, Any]], Any],
+    envelope: Envelope,
     on_error: Callable[[Exception], Any],
     keepalive: float,
 ) -> AsyncIterator[bytes]:
@@ -61,7 +112,7 @@ async def _frames(
                     yield b": keepalive\n\n"
                 continue
             last = loop.time()
-            yield frame(wrap(event))
+            yield envelope.frame(event)
     except Exception as exc:  # a failure mid-stream becomes an ``error`` event
         yield frame(on_error(exc), "error")
     finally:
@@ -73,13 +124,13 @@ async def _frames(
 
 def stream(
     events: AsyncIterator[dict[str, Any]],
-    wrap: Callable[[dict[str, Any]], Any],
+    envelope: Envelope,
     on_error: Callable[[Exception], Any],
     *,
     keepalive: float = KEEPALIVE_SECONDS,
 ) -> StreamingResponse:
     return StreamingResponse(
-        _frames(events, wrap, on_error, keepalive),
+        _frames(events, envelope, on_error, keepalive),
         media_type="text/event-stream",
         headers=HEADERS,
     )

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from melchior.mellan.relay.a2a import admission, sse, views
@@ -138,11 +138,16 @@ async def send_blocking(
 @dataclass(frozen=True)
 class Watched:
     """What a task's shared reader knows: the task row as last read (None: it is gone),
-    every event of the task so far in order, and its finished turns."""
+    every event of the task so far in order, and its finished turns.
+
+    ``memo`` is this value's, for its followers: what a stream at some place sends on
+    taking this value (:func:`advance`), and the snapshot a new stream starts with, built
+    and encoded once for all the streams at that place rather than once per stream."""
 
     task: Task | None
     events: list[TaskEvent]
     turns: list[TaskTurn]
+    memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def last_seq(self) -> int:
@@ -150,6 +155,70 @@ class Watched:
 
     def after(self, seq: int) -> list[TaskEvent]:
         return self.events[bisect.bisect_right(self.events, seq, key=lambda e: e.seq) :]
+
+
+class Place(NamedTuple):
+    """Where one stream of a task is: the last event, state and turn it sent and the
+    artifacts it has named. Streams at the same place that take the same reader value send
+    the same updates, so :func:`advance` builds them once per place; a stream that fell
+    behind is at a place of its own until it has caught up, then shares again."""
+
+    seq: int
+    state: TaskState
+    turn: int
+    artifacts: frozenset[str]
+
+
+Updates = tuple[sse.Encoded, ...]
+
+
+def advance(now: Watched, at: Place) -> tuple[Updates, Place]:
+    """The updates a stream at ``at`` sends on taking ``now`` (every event it missed, in
+    order, then the state if it changed) and where it is after them — memoized in
+    ``now.memo`` by place: the second stream there gets the very same objects (and their
+    JSON bytes, :class:`~.sse.Encoded`), and the place returned is the same object too,
+    so the next lookup compares by identity."""
+    hit: tuple[Updates, Place] | None = now.memo.get(at)
+    if hit is None:
+        hit = now.memo[at] = _advance(now, at)
+    return hit
+
+
+def _advance(now: Watched, at: Place) -> tuple[Updates, Place]:
+    assert now.task is not None
+    current, fresh = now.task, now.after(at.seq)
+    out = views.event_updates(current, fresh)
+    named = set(at.artifacts)
+    named.update(
+        u["artifactUpdate"]["artifact"]["artifactId"] for u in out if "artifactUpdate" in u
+    )
+    if current.state is not at.state or current.turn != at.turn:
+        out.extend(views.state_updates(current, fresh, named))
+    artifacts = at.artifacts if len(named) == len(at.artifacts) else frozenset(named)
+    place = Place(fresh[-1].seq if fresh else at.seq, current.state, current.turn, artifacts)
+    return tuple(sse.Encoded(u) for u in out), place
+
+
+async def opening(
+    relay: Relay, first: Watched, history_length: int | None
+) -> tuple[sse.Encoded, Place]:
+    """A new stream's first update (the Task) and its place, shared by every stream that
+    opens on the same reader value with the same ``historyLength`` (a thousand clients
+    subscribing at once build one view, not a thousand)."""
+    key = ("opening", history_length)
+    hit: tuple[sse.Encoded, Place] | None = first.memo.get(key)
+    if hit is not None:
+        return hit
+    assert first.task is not None
+    seen = Seen(first.task, first.events, first.turns)
+    view = sse.Encoded({"task": await view_of(relay, seen, history_length)})
+    named = frozenset(
+        a["artifactId"] for a in views.artifacts_of(seen.task, seen.events, seen.turns)
+    )
+    hit = first.memo.setdefault(
+        key, (view, Place(first.last_seq, seen.task.state, seen.task.turn, named))
+    )
+    return hit
 
 
 def _over(watched: Watched) -> bool:
@@ -205,34 +274,29 @@ async def follow(
     where it is (last event, state, turn, artifacts sent) and, each time it looks, takes
     what the reader holds past that. A stream that fell behind (a client reading slowly)
     so catches up in one step on the reader's latest view — every event it missed, in
-    order, then the state now — and never holds the reader or the other streams up."""
+    order, then the state now — and never holds the reader or the other streams up.
+
+    What it yields is shared: the streams at the same place get the same
+    :class:`~.sse.Encoded` objects (:func:`advance`), dicts to every binding, whose JSON
+    bytes are encoded once. Read them; never change them."""
 
     def over(state: TaskState) -> bool:
         return state.terminal if until_terminal else views.ends_stream(state)
 
     follower = watch(relay, task)
+    # A stream holds no task row of its own (the one it was opened with was read for it:
+    # a copy of every payload per stream), nor the reader value it opened on.
+    del task
     try:
         await follower.arm()
         first = follower.latest()
         if first.task is None:
             return
-        current = first.task
-        seen = Seen(current, first.events, first.turns)
-        yield {"task": await view_of(relay, seen, history_length)}
-        last_seq = first.last_seq
-        seen_artifacts = {
-            a["artifactId"] for a in views.artifacts_of(current, seen.events, seen.turns)
-        }
-        last_state, last_turn = current.state, current.turn
-
-        def updates(events: list[TaskEvent]) -> list[dict[str, Any]]:
-            out = views.event_updates(current, events)
-            for update in out:
-                if "artifactUpdate" in update:
-                    seen_artifacts.add(update["artifactUpdate"]["artifact"]["artifactId"])
-            return out
-
-        while not over(last_state):
+        snapshot, place = await opening(relay, first, history_length)
+        del first
+        yield snapshot
+        del snapshot
+        while not over(place.state):
             if not await follower.wait(sse.KEEPALIVE_SECONDS):
                 if follower.ended:  # the reader was stopped (shutdown): end the stream
                     return
@@ -241,17 +305,13 @@ async def follow(
             now = follower.latest()
             if now.task is None:
                 return
-            current, fresh = now.task, now.after(last_seq)
-            for update in updates(fresh):
-                yield update
-            if fresh:
-                last_seq = fresh[-1].seq
-            if current.state is not last_state or current.turn != last_turn:
-                for update in views.state_updates(current, fresh, seen_artifacts):
-                    yield update
-                last_state, last_turn = current.state, current.turn
-            elif not fresh:
+            updates, place = advance(now, place)
+            del now  # a stream that waits holds its place only, no reader value
+            if not updates:
                 yield sse.QUIET
+            for i in range(len(updates)):
+                yield updates[i]
+            del updates
     finally:
         follower.close()
 

@@ -13,19 +13,33 @@ falls behind (its client reads slowly) catches up in one step on the reader's la
 which holds every event so far, so it still gets each event in order and the terminal
 state last, and nobody waits for it. The reader stops on a final value (a terminal or
 vanished task), on an error (which its followers raise), or when its last follower leaves.
+
+A publish does not wake every follower in one pass of the event loop: 1,000 streams of a
+task each writing a frame in one pass hold the loop (and every other request) for the
+whole burst. Waiting followers are woken :data:`WAKE_BATCH` at a time, one batch per
+loop pass (:meth:`Watches.wake`), so other work runs between batches; a follower woken
+later just takes a newer value. What a follower builds from a value is the caller's, but
+a value may carry a memo so followers at the same place share one build (the A2A
+streams' :class:`~melchior.mellan.relay.a2a.tasks.Watched` does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import Notifier
 
 POLL_SECONDS = 1.0
+
+WAKE_BATCH = 200
+"""Followers woken per event-loop pass after a publish (:meth:`Watches.wake`): each
+writes a frame when woken, so this bounds the stream work done between two looks at the
+sockets (a ``/healthz`` in between waits for one batch, not for every stream)."""
 
 
 class Waker:
@@ -88,11 +102,18 @@ class Shared(Generic[T]):
         self._step = step
         self._final = final
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting: dict[asyncio.Future[None], None] = {}
+        """Followers waiting for the next publish (:meth:`Follower.wait`), in order, woken
+        in batches by :meth:`Watches.wake`; one that stops waiting (timed out, gone)
+        takes itself out, so an idle task's list never grows with keepalives."""
         self.task: asyncio.Task[None] | None = None
 
     def _publish(self) -> None:
         changed, self._changed = self._changed, asyncio.get_running_loop().create_future()
         changed.set_result(None)
+        if self.waiting:
+            waiting, self.waiting = self.waiting, {}
+            self._watches.wake(waiting)
 
     async def run(self) -> None:
         waker = Waker(self._watches.notifier, self.topic, self._watches.poll)
@@ -159,20 +180,38 @@ class Follower(Generic[T]):
         """Until the reader publishes something this follower has not taken (True), or
         ``timeout`` passes (False: the stream may say it is alive); one poll interval by
         default. A follower may wait longer than the poll interval — the reader polls for
-        it — so an idle stream wakes only as often as it must send a keepalive."""
+        it — so an idle stream wakes only as often as it must send a keepalive. Woken in
+        a batch (:data:`WAKE_BATCH`), possibly a loop pass or a few after the publish.
+
+        One future and one timer per wait, no ``asyncio.wait``: this runs once per event
+        per stream, 10,000 times a tick at 10,000 streams."""
         if self.fresh():
             return True
         timeout = self._watches.poll if timeout is None else timeout
         if self._shared.ended:  # shut down under us: no spin, the caller ends or waits
             await asyncio.sleep(timeout)
             return self.fresh()
-        await asyncio.wait([self._shared.changed()], timeout=timeout)
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        waiting = self._shared.waiting
+        waiting[woken] = None
+        timer = loop.call_later(timeout, _settle, woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            waiting.pop(woken, None)  # still there if the timer (or a cancel) ended it
         return self.fresh()
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._watches._leave(self._shared)
+
+
+def _settle(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 class Watches:
@@ -190,6 +229,27 @@ class Watches:
         self._shared: dict[Hashable, Shared[Any]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._loose: set[asyncio.Task[None]] = set()
+        self._to_wake: deque[asyncio.Future[None]] = deque()
+        self._waking = False
+
+    def wake(self, waiting: Iterable[asyncio.Future[None]]) -> None:
+        """Wake these waiting followers, :data:`WAKE_BATCH` per loop pass: a callback
+        that wakes one batch and, if more are left, schedules itself for the next pass
+        (after the loop has looked at its sockets). All readers share the one queue, so
+        ten tasks ticking at once still wake one batch per pass."""
+        self._to_wake.extend(waiting)
+        if not self._waking:
+            self._waking = True
+            asyncio.get_running_loop().call_soon(self._wake_batch)
+
+    def _wake_batch(self) -> None:
+        queue = self._to_wake
+        for _ in range(min(WAKE_BATCH, len(queue))):
+            _settle(queue.popleft())  # a follower that left (cancelled) is skipped
+        if queue:
+            asyncio.get_running_loop().call_soon(self._wake_batch)
+        else:
+            self._waking = False
 
     def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group
