@@ -1,0 +1,387 @@
+"""The A2A gRPC binding, through the official generated stubs (``a2a_pb2_grpc``) and the
+a2a-sdk's own gRPC client transport.
+
+A real relay (the production app under uvicorn, with ``--grpc-port``'s server in its
+lifespan) and a real receiver loop serve every task, on SQLite and on two PostgreSQL
+replicas (caller on one, receiver on the other). Every A2A operation is called over
+gRPC; errors are read back as the status code and the ``google.rpc.Status`` details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import httpx
+import pytest
+from a2a.types import a2a_pb2, a2a_pb2_grpc
+from google.protobuf import struct_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from a2a_kit import CAPS, RECEIVER, WS, Receiver, Server, World, pg_database, replicas, running
+
+T = TypeVar("T")
+TENANT = f"{WS}/{RECEIVER}"
+
+
+@pytest.fixture(
+    scope="module",
+    params=["sqlite", pytest.param("postgres-2-replicas", marks=pytest.mark.postgres)],
+)
+def relay(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, World, Receiver]]:
+    if request.param == "sqlite":
+        db = tmp_path_factory.mktemp("grpc") / "relay.db"
+        with running(f"sqlite://{db}", grpc=True) as (server, world, rx):
+            assert rx is not None
+            yield server, world, rx
+            assert not rx.errors, rx.errors
+    else:
+        with pg_database() as url, replicas(url, grpc=True) as (server, world, rx):
+            yield server, world, rx
+            assert not rx.errors, rx.errors
+
+
+def target(server: Server) -> str:
+    assert server.relay.grpc is not None
+    return server.relay.grpc.target
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(coro, 60)  # a deadline for a hang, not a threshold
+
+    return asyncio.run(main())
+
+
+def meta(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"), ("a2a-version", "1.0"))
+
+
+def msg(text: str, **metadata: Any) -> a2a_pb2.Message:
+    m = a2a_pb2.Message(
+        role=a2a_pb2.ROLE_USER, message_id=uuid.uuid4().hex, parts=[a2a_pb2.Part(text=text)]
+    )
+    meta_struct = struct_pb2.Struct()
+    meta_struct.update({"capability": CAPS[0], **metadata})
+    m.metadata.CopyFrom(meta_struct)
+    return m
+
+
+def send_req(text: str, *, immediately: bool = False) -> a2a_pb2.SendMessageRequest:
+    return a2a_pb2.SendMessageRequest(
+        tenant=TENANT,
+        message=msg(text),
+        configuration=a2a_pb2.SendMessageConfiguration(return_immediately=immediately),
+    )
+
+
+def state(task: a2a_pb2.Task) -> str:
+    return str(a2a_pb2.TaskState.Name(task.status.state))
+
+
+def details(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo of a refused call's ``google.rpc.Status``."""
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            assert status.code == err.code().value[0]
+            info = error_details_pb2.ErrorInfo()
+            assert status.details[0].Unpack(info)
+            return info
+    raise AssertionError(f"no status details in {err!r}")
+
+
+async def refused(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+async def until(fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T:
+    while True:
+        value = await fn()
+        if ok(value):
+            return value
+        await asyncio.sleep(0.05)
+
+
+async def stub_for(server: Server) -> tuple[grpc.aio.Channel, a2a_pb2_grpc.A2AServiceStub]:
+    channel = grpc.aio.insecure_channel(target(server))
+    return channel, a2a_pb2_grpc.A2AServiceStub(channel)
+
+
+async def drain(it: AsyncIterator[T]) -> list[T]:
+    return [ev async for ev in it]
+
+
+# -- the card ---------------------------------------------------------------------------------
+
+
+def test_card_lists_the_grpc_interface_with_the_agent_as_tenant(relay: Any) -> None:
+    server, _, _ = relay
+    card = httpx.get(f"{server.base()}/.well-known/agent-card.json").json()
+    grpc_ifaces = [i for i in card["supportedInterfaces"] if i["protocolBinding"] == "GRPC"]
+    assert grpc_ifaces == [
+        {
+            "url": target(server),
+            "protocolBinding": "GRPC",
+            "protocolVersion": "1.0",
+            "tenant": TENANT,
+        }
+    ]
+
+
+# -- every operation --------------------------------------------------------------------------
+
+
+def test_send_message_blocks_until_done_and_get_task_reads_it(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            answer = await stub.SendMessage(
+                send_req("echo hi"), metadata=meta(world.tokens["caller"])
+            )
+            assert answer.WhichOneof("payload") == "task"
+            task = answer.task
+            assert state(task) == "TASK_STATE_COMPLETED"
+            assert task.artifacts[0].parts[0].text == "echo: hi"
+            got = await stub.GetTask(
+                a2a_pb2.GetTaskRequest(tenant=TENANT, id=task.id),
+                metadata=meta(world.tokens["caller"]),
+            )
+            assert got.id == task.id
+            assert state(got) == "TASK_STATE_COMPLETED"
+
+    run(go())
+
+
+def test_a_direct_reply_is_answered_with_a_message(relay: Any) -> None:
+    """DM-MSG-001: an agent that answers with a message and no task of its own."""
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            answer = await stub.SendMessage(
+                send_req("say hello"), metadata=meta(world.tokens["caller"])
+            )
+            assert answer.WhichOneof("payload") == "message"
+            assert answer.message.role == a2a_pb2.ROLE_AGENT
+            assert "hello" in answer.message.parts[0].text
+
+    run(go())
+
+
+def test_streaming_send_ends_with_the_completed_task(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            events = await drain(
+                stub.SendStreamingMessage(
+                    send_req("steps 3"), metadata=meta(world.tokens["caller"])
+                )
+            )
+            kinds = [e.WhichOneof("payload") for e in events]
+            assert kinds[0] == "task"
+            assert kinds.count("artifact_update") == 3
+            assert events[-1].status_update.status.state == a2a_pb2.TASK_STATE_COMPLETED
+
+    run(go())
+
+
+def test_subscribe_list_and_cancel_a_held_task(relay: Any) -> None:
+    server, world, _ = relay
+    token = world.tokens["caller"]
+
+    async def go() -> None:
+        channel, stub = await stub_for(server.peer)
+        async with channel:
+            task = (
+                await stub.SendMessage(send_req("hold", immediately=True), metadata=meta(token))
+            ).task
+
+            async def working() -> a2a_pb2.Task:
+                return await stub.GetTask(
+                    a2a_pb2.GetTaskRequest(tenant=TENANT, id=task.id), metadata=meta(token)
+                )
+
+            await until(working, lambda t: state(t) == "TASK_STATE_WORKING")
+            stream = stub.SubscribeToTask(
+                a2a_pb2.SubscribeToTaskRequest(tenant=TENANT, id=task.id), metadata=meta(token)
+            )
+            first = await stream.read()
+            assert first.task.id == task.id
+            listed = await stub.ListTasks(
+                a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(token)
+            )
+            assert task.id in [t.id for t in listed.tasks]
+            canceled = await stub.CancelTask(
+                a2a_pb2.CancelTaskRequest(tenant=TENANT, id=task.id), metadata=meta(token)
+            )
+            assert task.id == canceled.id
+            rest = []
+            while (ev := await stream.read()) is not grpc.aio.EOF:
+                rest.append(ev)
+            assert rest[-1].status_update.status.state == a2a_pb2.TASK_STATE_CANCELED
+            again = await stub.CancelTask(  # idempotent, as on the other bindings
+                a2a_pb2.CancelTaskRequest(tenant=TENANT, id=task.id), metadata=meta(token)
+            )
+            assert state(again) == "TASK_STATE_CANCELED"
+            done = (await stub.SendMessage(send_req("echo done"), metadata=meta(token))).task
+            err = await refused(
+                stub.CancelTask(
+                    a2a_pb2.CancelTaskRequest(tenant=TENANT, id=done.id), metadata=meta(token)
+                )
+            )
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert details(err).reason == "TASK_NOT_CANCELABLE"
+
+    run(go())
+
+
+def test_push_config_create_get_list_delete(relay: Any) -> None:
+    server, world, _ = relay
+    token = world.tokens["caller"]
+    server.store.set_push_allow_private(WS, True)  # the hook is on loopback, never called
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            task = (await stub.SendMessage(send_req("echo push"), metadata=meta(token))).task
+            made = await stub.CreateTaskPushNotificationConfig(
+                a2a_pb2.TaskPushNotificationConfig(
+                    tenant=TENANT, task_id=task.id, url="http://127.0.0.1:9/a2a", token="t0k"
+                ),
+                metadata=meta(token),
+            )
+            assert made.task_id == task.id
+            assert made.id
+            got = await stub.GetTaskPushNotificationConfig(
+                a2a_pb2.GetTaskPushNotificationConfigRequest(
+                    tenant=TENANT, task_id=task.id, id=made.id
+                ),
+                metadata=meta(token),
+            )
+            assert got.url == "http://127.0.0.1:9/a2a"
+            listed = await stub.ListTaskPushNotificationConfigs(
+                a2a_pb2.ListTaskPushNotificationConfigsRequest(tenant=TENANT, task_id=task.id),
+                metadata=meta(token),
+            )
+            assert [c.id for c in listed.configs] == [made.id]
+            await stub.DeleteTaskPushNotificationConfig(
+                a2a_pb2.DeleteTaskPushNotificationConfigRequest(
+                    tenant=TENANT, task_id=task.id, id=made.id
+                ),
+                metadata=meta(token),
+            )
+            err = await refused(
+                stub.GetTaskPushNotificationConfig(
+                    a2a_pb2.GetTaskPushNotificationConfigRequest(
+                        tenant=TENANT, task_id=task.id, id=made.id
+                    ),
+                    metadata=meta(token),
+                )
+            )
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+
+    run(go())
+
+
+def test_extended_card_lists_the_callers_granted_skills(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            card = await stub.GetExtendedAgentCard(
+                a2a_pb2.GetExtendedAgentCardRequest(tenant=TENANT),
+                metadata=meta(world.tokens["caller"]),
+            )
+            assert [s.id for s in card.skills] == [CAPS[0]]
+            assert "GRPC" in [i.protocol_binding for i in card.supported_interfaces]
+
+    run(go())
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+def test_unknown_task_and_someone_elses_task_look_the_same(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            task = (
+                await stub.SendMessage(send_req("echo mine"), metadata=meta(world.tokens["caller"]))
+            ).task
+            for token, tid in (
+                (world.tokens["caller"], "no-such-task"),
+                (world.tokens["other"], task.id),
+            ):
+                err = await refused(
+                    stub.GetTask(
+                        a2a_pb2.GetTaskRequest(tenant=TENANT, id=tid), metadata=meta(token)
+                    )
+                )
+                assert err.code() == grpc.StatusCode.NOT_FOUND
+                info = details(err)
+                assert (info.reason, info.domain) == ("TASK_NOT_FOUND", "a2a-protocol.org")
+                assert info.metadata["taskId"] == tid
+
+    run(go())
+
+
+def test_credentials_version_and_tenant_are_checked(relay: Any) -> None:
+    server, world, _ = relay
+    get = a2a_pb2.GetTaskRequest(tenant=TENANT, id="x")
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            err = await refused(stub.GetTask(get, metadata=(("a2a-version", "1.0"),)))
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "Bearer" in (err.details() or "")
+            err = await refused(stub.GetTask(get, metadata=meta("not-a-token")))
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert details(err).reason == "UNAUTHENTICATED"
+            err = await refused(
+                stub.GetTask(get, metadata=(("authorization", f"Bearer {world.tokens['caller']}"),))
+            )
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert details(err).reason == "VERSION_NOT_SUPPORTED"
+            err = await refused(
+                stub.GetTask(a2a_pb2.GetTaskRequest(id="x"), metadata=meta(world.tokens["caller"]))
+            )
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+            assert "tenant" in (err.details() or "")
+
+    run(go())
+
+
+def test_an_invalid_send_names_the_field(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            bad = a2a_pb2.SendMessageRequest(
+                tenant=TENANT, message=a2a_pb2.Message(role=a2a_pb2.ROLE_USER)
+            )
+            err = await refused(stub.SendMessage(bad, metadata=meta(world.tokens["caller"])))
+            assert err.code() in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+            assert details(err).reason
+
+    run(go())
