@@ -73,6 +73,8 @@ class GrpcEndpoint:
     client_ca: Path | None = None
     public_host: str | None = None
     """The host clients reach (the public URL's); default: ``host``."""
+    on_listening: Callable[[str], None] | None = None
+    """Told the bound ``host:port`` once the server is up (the relay's status line)."""
 
     @property
     def target(self) -> str:
@@ -334,6 +336,8 @@ async def start(relay: Relay, endpoint: GrpcEndpoint) -> grpc.aio.Server:
         raise RuntimeError(f"cannot listen for gRPC on {address} (is the port in use?)")
     endpoint.port = port
     await server.start()
+    if endpoint.on_listening is not None:
+        endpoint.on_listening(endpoint.target)
     return server
 
 

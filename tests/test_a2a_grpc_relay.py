@@ -1,0 +1,175 @@
+"""``mellan relay --grpc-port``: the gRPC binding as deployed, in a real relay process, on
+SQLite and PostgreSQL — reached by the a2a-sdk's own gRPC client from the agent card,
+and fed hostile input (oversized and malformed messages, unknown fields, a spent
+deadline, a wrong token) that it refuses without harm, answering normally after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import httpx
+import pytest
+from a2a.client import ClientCallContext, ClientConfig, create_client
+from a2a.types import a2a_pb2, a2a_pb2_grpc
+from a2a.utils.constants import TransportProtocol
+from a2a.utils.errors import TaskNotFoundError
+from google.protobuf import struct_pb2
+
+from relay_proc import RelayProc, db_url_fixture, setup_pair, start_relay  # noqa: F401
+
+T = TypeVar("T")
+MAX_BODY = 256 * 1024
+TENANT = "default/private/ops"
+START_TIMEOUT = 60.0  # a deadline for a broken start, not a measured threshold
+
+
+@pytest.fixture(name="relay")
+def grpc_relay(db_url: str, tmp_path: Path) -> Iterator[RelayProc]:
+    r = start_relay(db_url, tmp_path, "--grpc-port", "0", "--max-body", str(MAX_BODY))
+    try:
+        yield r
+    finally:
+        assert r.stop() == 0, r.lines[-20:]
+
+
+def grpc_target(relay: RelayProc) -> str:
+    """The ``host:port`` of the relay's 'A2A over gRPC … on …' status line."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        for line in relay.lines:
+            if "A2A over gRPC" in line:
+                return line.rsplit(" on ", 1)[1].strip()
+        time.sleep(0.05)
+    raise AssertionError(f"no gRPC status line: {relay.lines}")
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(coro, 60)  # a deadline for a hang, not a threshold
+
+    return asyncio.run(main())
+
+
+def meta(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"), ("a2a-version", "1.0"))
+
+
+def message(text: str) -> a2a_pb2.Message:
+    m = a2a_pb2.Message(
+        role=a2a_pb2.ROLE_USER, message_id=uuid.uuid4().hex, parts=[a2a_pb2.Part(text=text)]
+    )
+    s = struct_pb2.Struct()
+    s.update({"capability": "incident.inspect"})
+    m.metadata.CopyFrom(s)
+    return m
+
+
+def queued_send(text: str) -> a2a_pb2.SendMessageRequest:
+    """A send that returns at once: no receiver runs in these tests, so it stays queued."""
+    return a2a_pb2.SendMessageRequest(
+        tenant=TENANT,
+        message=message(text),
+        configuration=a2a_pb2.SendMessageConfiguration(return_immediately=True),
+    )
+
+
+def test_the_sdk_client_finds_grpc_on_the_card_and_sends_gets_and_cancels(
+    relay: RelayProc,
+) -> None:
+    caller, _ = setup_pair(relay)
+    target = grpc_target(relay)
+    base = f"{relay.url}/a2a/default/private/ops"
+
+    card = httpx.get(f"{base}/.well-known/agent-card.json").json()
+
+    async def go() -> None:
+        assert {
+            "url": target,
+            "protocolBinding": "GRPC",
+            "protocolVersion": "1.0",
+            "tenant": TENANT,
+        } in card["supportedInterfaces"]
+        config = ClientConfig(
+            supported_protocol_bindings=[TransportProtocol.GRPC],
+            grpc_channel_factory=grpc.aio.insecure_channel,
+            streaming=False,
+        )
+        client = await create_client(base, client_config=config)
+        ctx = ClientCallContext(service_parameters={"authorization": f"Bearer {caller}"})
+        req = queued_send("inspect the outage")
+        req.tenant = ""  # the sdk's tenant decorator fills in the card's
+        sent = [ev async for ev in client.send_message(req, context=ctx)]
+        task = sent[0].task
+        assert a2a_pb2.TaskState.Name(task.status.state) == "TASK_STATE_SUBMITTED"
+        got = await client.get_task(a2a_pb2.GetTaskRequest(id=task.id), context=ctx)
+        assert got.id == task.id
+        canceled = await client.cancel_task(a2a_pb2.CancelTaskRequest(id=task.id), context=ctx)
+        assert canceled.status.state == a2a_pb2.TASK_STATE_CANCELED
+        with pytest.raises(TaskNotFoundError):
+            await client.get_task(a2a_pb2.GetTaskRequest(id="nope"), context=ctx)
+        await client.close()
+
+    run(go())
+
+
+def test_hostile_input_is_refused_and_the_relay_still_answers(relay: RelayProc) -> None:
+    caller, _ = setup_pair(relay)
+    target = grpc_target(relay)
+
+    async def go() -> None:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            raw = channel.unary_unary("/lf.a2a.v1.A2AService/SendMessage")
+            codes: dict[str, Any] = {}
+
+            # over the body limit: grpc refuses it before the relay reads a byte
+            big = queued_send("x" * (MAX_BODY + 1))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SendMessage(big, metadata=meta(caller))
+            codes["oversized"] = caught.value.code()
+
+            # bytes that are not a protobuf message at all
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await raw(b"\xff\xff\xff\xff\x0f", metadata=meta(caller))
+            codes["malformed"] = caught.value.code()
+            assert "not a valid SendMessageRequest" in (caught.value.details() or "")
+
+            # a deadline already spent
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SendMessage(queued_send("late"), metadata=meta(caller), timeout=0)
+            codes["deadline"] = caught.value.code()
+
+            # a credential nobody issued
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SendMessage(queued_send("who"), metadata=meta("mln_forged"))
+            codes["token"] = caught.value.code()
+
+            assert codes == {
+                "oversized": grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "malformed": grpc.StatusCode.INVALID_ARGUMENT,
+                "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+                "token": grpc.StatusCode.UNAUTHENTICATED,
+            }
+
+            # unknown fields (field 111, as a future version might add) are skipped, as proto3 says
+            wire = queued_send("from the future").SerializeToString() + b"\xfa\x06\x03abc"
+            answer = a2a_pb2.SendMessageResponse.FromString(await raw(wire, metadata=meta(caller)))
+            assert answer.task.id
+
+            # and the relay answers as before, over gRPC and HTTP
+            sent = await stub.SendMessage(queued_send("still here"), metadata=meta(caller))
+            listed = await stub.ListTasks(
+                a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(caller)
+            )
+            assert sent.task.id in [t.id for t in listed.tasks]
+            assert len(listed.tasks) == 2  # nothing refused was stored
+
+    run(go())
+    assert httpx.get(f"{relay.url}/healthz").status_code == 200
