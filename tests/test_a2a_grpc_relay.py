@@ -7,6 +7,7 @@ deadline, a wrong token) that it refuses without harm, answering normally after.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Iterator
@@ -22,7 +23,14 @@ from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import TaskNotFoundError
 from google.protobuf import struct_pb2
 
-from relay_proc import RelayProc, db_url_fixture, setup_pair, start_relay  # noqa: F401
+from relay_proc import (  # noqa: F401
+    MELLAN,
+    RelayProc,
+    db_url_fixture,
+    relay_env,
+    setup_pair,
+    start_relay,
+)
 
 T = TypeVar("T")
 MAX_BODY = 256 * 1024
@@ -173,3 +181,59 @@ def test_hostile_input_is_refused_and_the_relay_still_answers(relay: RelayProc) 
 
     run(go())
     assert httpx.get(f"{relay.url}/healthz").status_code == 200
+
+
+def test_a_busy_grpc_port_stops_the_start_with_the_reason(db_url: str, tmp_path: Path) -> None:
+    first = start_relay(db_url, tmp_path / "a", "--grpc-port", "0")
+    try:
+        port = grpc_target(first).rsplit(":", 1)[1]
+        second = subprocess.run(
+            [MELLAN, "relay", "--database", db_url, "--port", "0", "--grpc-port", port,
+             "--owner-token-file", str(tmp_path / "b.token")],
+            capture_output=True, text=True, timeout=60, env=relay_env(tmp_path / "b"),
+        )  # fmt: skip
+    finally:
+        assert first.stop() == 0
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in second.stderr + second.stdout
+
+
+def test_grpc_is_served_with_the_https_certificate(tmp_path: Path) -> None:
+    """With --tls-cert/--tls-key the gRPC port speaks TLS with the same certificate: a
+    client trusting the CA is answered, a plaintext one and one trusting another CA are not."""
+    import trustme
+
+    from test_relay_tls import ca_file, server_pair, setup_agents
+
+    ca = trustme.CA(organization_name="mellan grpc test CA")
+    crt, key = server_pair(ca, tmp_path)
+    cafile = ca_file(ca, tmp_path)
+    relay = start_relay(
+        f"sqlite://{tmp_path / 'relay.db'}", tmp_path,
+        "--tls-cert", str(crt), "--tls-key", str(key), "--grpc-port", "0",
+    )  # fmt: skip
+    try:
+        caller, _ = setup_agents(relay, cafile)
+        target = grpc_target(relay)
+        assert any("A2A over gRPC (TLS)" in line for line in relay.lines)
+        other = trustme.CA().cert_pem.bytes()
+
+        async def go() -> None:
+            trusted = grpc.ssl_channel_credentials(root_certificates=cafile.read_bytes())
+            async with grpc.aio.secure_channel(target, trusted) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                sent = await stub.SendMessage(queued_send("over tls"), metadata=meta(caller))
+                assert sent.task.id
+            for channel in (
+                grpc.aio.insecure_channel(target),
+                grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(other)),
+            ):
+                async with channel:
+                    stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await stub.SendMessage(queued_send("no"), metadata=meta(caller))
+                    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        run(go())
+    finally:
+        assert relay.stop() == 0

@@ -352,6 +352,17 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             "error",
         )
         return 1
+    if options.grpc_port:  # said now and plainly, not as a failed start-up later
+        try:
+            bind(options.host, options.grpc_port).close()
+        except OSError as exc:
+            sock.close()
+            say(
+                f"cannot listen for gRPC on {options.host}:{options.grpc_port}: "
+                f"{exc.strerror or exc} (choose another with --grpc-port or $MELLAN_GRPC_PORT)",
+                "error",
+            )
+            return 1
     notifier = make_notifier(options.database)
     try:
         store = open_store(options.database, publish=notifier.publish, migrate=False)
@@ -452,6 +463,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say(warning, "warning")
         say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
         server.run(sockets=[sock])
+        if not server.started:  # the lifespan failed (its error is logged above)
+            say("could not start; stopped", "error")
+            return 1
         say("stopped", "stopped")
         return 0
     finally:
