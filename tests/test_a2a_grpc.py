@@ -385,3 +385,92 @@ def test_an_invalid_send_names_the_field(relay: Any) -> None:
             assert details(err).reason
 
     run(go())
+
+
+def test_a_stream_the_caller_drops_leaves_the_shared_watch(relay: Any) -> None:
+    """A cancelled SubscribeToTask call is a gone SSE client: its follower is closed and
+    the task's shared reader ends with its last follower."""
+    server, world, _ = relay
+    token = world.tokens["caller"]
+    watches = server.relay.watches
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            before = watches.readers()
+            sent = await stub.SendMessage(send_req("hold", immediately=True), metadata=meta(token))
+            tid = sent.task.id
+            call = stub.SubscribeToTask(
+                a2a_pb2.SubscribeToTaskRequest(tenant=TENANT, id=tid), metadata=meta(token)
+            )
+            assert (await call.read()).task.id == tid
+            assert watches.readers() == before + 1
+            call.cancel()
+
+            async def readers() -> int:
+                return watches.readers()
+
+            await until(readers, lambda n: n == before)
+            await stub.CancelTask(
+                a2a_pb2.CancelTaskRequest(tenant=TENANT, id=tid), metadata=meta(token)
+            )
+
+    run(go())
+
+
+def test_subscribing_to_a_finished_task_is_refused_on_the_stream(relay: Any) -> None:
+    server, world, _ = relay
+    token = world.tokens["caller"]
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+            done = (await stub.SendMessage(send_req("echo over"), metadata=meta(token))).task
+            call = stub.SubscribeToTask(
+                a2a_pb2.SubscribeToTaskRequest(tenant=TENANT, id=done.id), metadata=meta(token)
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call.read()
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert details(caught.value).reason == "UNSUPPORTED_OPERATION"
+
+    run(go())
+
+
+def test_the_sdk_grpc_client_streams_and_subscribes(relay: Any) -> None:
+    """The a2a-sdk's own client over its gRPC transport, chosen from the card."""
+    from a2a.client import ClientCallContext, ClientConfig, create_client
+    from a2a.utils.constants import TransportProtocol
+
+    server, world, _ = relay
+
+    async def go() -> None:
+        client = await create_client(
+            server.base(),
+            client_config=ClientConfig(
+                supported_protocol_bindings=[TransportProtocol.GRPC],
+                grpc_channel_factory=grpc.aio.insecure_channel,
+                streaming=True,
+            ),
+        )
+        ctx = ClientCallContext(
+            service_parameters={"authorization": f"Bearer {world.tokens['caller']}"}
+        )
+        req = a2a_pb2.SendMessageRequest(message=msg("steps 2"))
+        events = [ev async for ev in client.send_message(req, context=ctx)]
+        kinds = [ev.WhichOneof("payload") for ev in events]
+        assert kinds[0] == "task"
+        assert kinds.count("artifact_update") == 2
+        assert events[-1].status_update.status.state == a2a_pb2.TASK_STATE_COMPLETED
+        held = client.send_message(a2a_pb2.SendMessageRequest(message=msg("hold")), context=ctx)
+        tid = (await held.__anext__()).task.id  # then the stream is dropped: the task holds
+        await held.aclose()
+        stream = client.subscribe(a2a_pb2.SubscribeToTaskRequest(id=tid), context=ctx)
+        first = await stream.__anext__()
+        assert first.task.id == tid
+        await client.cancel_task(a2a_pb2.CancelTaskRequest(id=tid), context=ctx)
+        rest = [ev async for ev in stream]
+        assert rest[-1].status_update.status.state == a2a_pb2.TASK_STATE_CANCELED
+        await client.close()
+
+    run(go())
