@@ -474,3 +474,34 @@ def test_the_sdk_grpc_client_streams_and_subscribes(relay: Any) -> None:
         await client.close()
 
     run(go())
+
+
+def test_calls_have_request_ids_and_are_counted_by_rpc_and_status(relay: Any) -> None:
+    server, world, _ = relay
+
+    async def go() -> tuple[str, str]:
+        channel, stub = await stub_for(server)
+        async with channel:
+            call = stub.GetTask(
+                a2a_pb2.GetTaskRequest(tenant=TENANT, id="no-such"),
+                metadata=(*meta(world.tokens["caller"]), ("x-request-id", "trace-grpc-1")),
+            )
+            with pytest.raises(grpc.aio.AioRpcError):
+                await call
+            echoed = dict(await call.initial_metadata())["x-request-id"]
+            fresh = stub.ListTasks(
+                a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(world.tokens["caller"])
+            )
+            await fresh
+            return echoed, dict(await fresh.initial_metadata())["x-request-id"]
+
+    echoed, fresh = run(go())
+    assert echoed == "trace-grpc-1"
+    assert fresh
+    assert fresh != echoed
+    scraped = httpx.get(
+        f"{server.url}/metrics", headers={"authorization": f"Bearer {world.tokens['owner']}"}
+    ).text
+    assert 'route="grpc GetTask"' in scraped
+    assert 'status="NOT_FOUND"' in scraped
+    assert 'route="grpc ListTasks"' in scraped

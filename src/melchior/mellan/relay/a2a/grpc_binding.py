@@ -27,7 +27,7 @@ of it reaches this module.
 from __future__ import annotations
 
 import asyncio
-import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 from starlette.requests import Request
 
+from melchior.mellan.relay import requestid
 from melchior.mellan.relay.a2a import http, jsontext, paths
 from melchior.mellan.relay.a2a.access import authenticate
 from melchior.mellan.relay.a2a.errors import (
@@ -52,8 +53,7 @@ from melchior.mellan.relay.a2a.errors import (
 from melchior.mellan.relay.a2a.ops import OPERATIONS, encoded
 from melchior.mellan.relay.body import INLINE_PARSE
 from melchior.mellan.relay.context import Relay
-
-log = logging.getLogger(__name__)
+from melchior.mellan.relay.observe import access_log
 
 SERVICE = "lf.a2a.v1.A2AService"
 DETAILS_KEY = "grpc-status-details-bin"
@@ -147,10 +147,54 @@ def _packed(msg: Message) -> any_pb2.Any:
     return out
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
-    code, message, trailing = status_of(translate(exc))
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: A2AError) -> None:
+    code, message, trailing = status_of(err)
     context.set_trailing_metadata(trailing)
     await context.abort(code, message)
+
+
+class _Observed:
+    """One call as :class:`~melchior.mellan.relay.observe.Observe` sees an HTTP request:
+    a request id (a sane incoming ``x-request-id``, or a new one) that its log lines and
+    audit records carry and that is sent back in the initial metadata; and, when the
+    answer starts (a unary reply, a stream's first event) or the call ends without one,
+    its latency under route ``grpc {RPC}`` with the status code's name, and one access
+    line."""
+
+    def __init__(self, relay: Relay, name: str, context: grpc.aio.ServicerContext[Any, Any]):
+        self.relay, self.name, self.context = relay, name, context
+        incoming = next(
+            (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
+        )
+        self.rid = requestid.accept(incoming if isinstance(incoming, str) else None)
+        self.started = time.perf_counter()
+        self.answered = False
+
+    async def __aenter__(self) -> _Observed:
+        self.token = requestid.current_id.set(self.rid)
+        await self.context.send_initial_metadata(((requestid.HEADER.lower(), self.rid),))
+        return self
+
+    def done(self, status: str) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        seconds = time.perf_counter() - self.started
+        route = f"grpc {self.name}"
+        self.relay.metrics.requests.observe(seconds, route=route, method="POST", status=status)
+        access_log.info(
+            "GRPC %s %s %.1f ms", self.name, status, seconds * 1000,
+            extra={"route": route, "status": status, "duration_ms": round(seconds * 1000, 1)},
+        )  # fmt: skip
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        try:
+            if kind is not None and issubclass(kind, asyncio.CancelledError):
+                self.done("CANCELLED")  # the caller went away (or its deadline passed)
+            elif kind is not None:
+                self.done("UNKNOWN")
+        finally:
+            requestid.current_id.reset(self.token)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -249,12 +293,17 @@ async def _prepare(
 
 def _unary(relay: Relay, name: str, rpc: Rpc) -> Callable[..., Awaitable[bytes]]:
     async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        try:
-            answer = await _prepare(relay, name, rpc, raw, context)
-            return await _reply(relay, name, rpc, answer)
-        except Exception as exc:  # every refusal rendered as a status, never a traceback
-            await _abort(context, exc)
-            raise  # not reached: abort raises
+        async with _Observed(relay, name, context) as call:
+            try:
+                answer = await _prepare(relay, name, rpc, raw, context)
+                out = await _reply(relay, name, rpc, answer)
+            except Exception as exc:  # every refusal rendered as a status, never a traceback
+                err = translate(exc)
+                call.done(err.grpc)
+                await _abort(context, err)
+                raise  # not reached: abort raises
+            call.done("OK")
+            return out
 
     return handle
 
@@ -264,19 +313,24 @@ def _streaming(relay: Relay, name: str, rpc: Rpc) -> Callable[..., AsyncIterator
         raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         events: AsyncIterator[dict[str, Any]] | None = None
-        try:
-            events = await _prepare(relay, name, rpc, raw, context)
-            assert events is not None
-            async for event in events:
-                yield await _reply(relay, name, rpc, event)
-        except asyncio.CancelledError:
-            raise  # the caller went away: the shared watch forgets this stream
-        except Exception as exc:
-            await _abort(context, exc)
-        finally:
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
+        async with _Observed(relay, name, context) as call:
+            try:
+                events = await _prepare(relay, name, rpc, raw, context)
+                assert events is not None
+                async for event in events:
+                    message = await _reply(relay, name, rpc, event)
+                    call.done("OK")
+                    yield message
+            except asyncio.CancelledError:
+                raise  # the caller went away: the shared watch forgets this stream
+            except Exception as exc:
+                err = translate(exc)
+                call.done(err.grpc)
+                await _abort(context, err)
+            finally:
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
 
     return handle
 
