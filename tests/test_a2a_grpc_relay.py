@@ -7,6 +7,7 @@ deadline, a wrong token) that it refuses without harm, answering normally after.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 import uuid
@@ -203,7 +204,7 @@ def test_grpc_is_served_with_the_https_certificate(tmp_path: Path) -> None:
     client trusting the CA is answered, a plaintext one and one trusting another CA are not."""
     import trustme
 
-    from test_relay_tls import ca_file, server_pair, setup_agents
+    from test_relay_tls import ca_file, server_pair, setup_agents, wait_line
 
     ca = trustme.CA(organization_name="mellan grpc test CA")
     crt, key = server_pair(ca, tmp_path)
@@ -235,5 +236,29 @@ def test_grpc_is_served_with_the_https_certificate(tmp_path: Path) -> None:
                     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
         run(go())
+
+        # SIGHUP with a pair from another CA: new gRPC connections get it, as HTTPS does
+        rotated = trustme.CA(organization_name="rotated grpc CA")
+        new_ca = ca_file(rotated, tmp_path, "new.pem")
+        server_pair(rotated, tmp_path)  # overwrites relay.crt / relay.key
+        mark = len(relay.lines)
+        relay.proc.send_signal(signal.SIGHUP)
+        wait_line(relay, "certificate reloaded", mark)
+
+        async def after() -> None:
+            fresh = grpc.ssl_channel_credentials(root_certificates=new_ca.read_bytes())
+            async with grpc.aio.secure_channel(target, fresh) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                assert (
+                    await stub.SendMessage(queued_send("rotated"), metadata=meta(caller))
+                ).task.id
+            stale = grpc.ssl_channel_credentials(root_certificates=cafile.read_bytes())
+            async with grpc.aio.secure_channel(target, stale) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.SendMessage(queued_send("stale"), metadata=meta(caller))
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        run(after())
     finally:
         assert relay.stop() == 0

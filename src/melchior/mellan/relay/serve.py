@@ -432,6 +432,8 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
                 return
             message = tls.reload()
             failed = message.startswith("certificate reload failed")
+            if not failed and relay.grpc is not None:
+                relay.grpc.reload_tls()  # new gRPC connections read the pair again
             say(message, "tls-reload-failed" if failed else "tls-reloaded")
 
         server = _Server(config, relay, on_hup=reload_tls)

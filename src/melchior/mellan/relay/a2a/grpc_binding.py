@@ -27,6 +27,7 @@ of it reaches this module.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ from melchior.mellan.relay.body import INLINE_PARSE
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.observe import access_log
 
+log = logging.getLogger(__name__)
+
 SERVICE = "lf.a2a.v1.A2AService"
 DETAILS_KEY = "grpc-status-details-bin"
 GRACE_SECONDS = 5.0
@@ -75,6 +78,13 @@ class GrpcEndpoint:
     """The host clients reach (the public URL's); default: ``host``."""
     on_listening: Callable[[str], None] | None = None
     """Told the bound ``host:port`` once the server is up (the relay's status line)."""
+    tls_generation: int = 0
+    """Bumped when the HTTPS certificate was reloaded (SIGHUP): new gRPC connections then
+    get the pair read afresh from the same files."""
+
+    def reload_tls(self) -> None:
+        """Called on the relay's SIGHUP, after the pair loaded for HTTPS."""
+        self.tls_generation += 1
 
     @property
     def target(self) -> str:
@@ -364,14 +374,41 @@ def options(relay: Relay) -> list[tuple[str, Any]]:
     ]
 
 
-def _credentials(endpoint: GrpcEndpoint) -> grpc.ServerCredentials | None:
-    if endpoint.tls_cert is None or endpoint.tls_key is None:
-        return None
+def _tls_config(endpoint: GrpcEndpoint) -> Any:
+    assert endpoint.tls_cert is not None
+    assert endpoint.tls_key is not None
     pair = (endpoint.tls_key.read_bytes(), endpoint.tls_cert.read_bytes())
     ca = endpoint.client_ca.read_bytes() if endpoint.client_ca is not None else None
-    # a client certificate is asked for and verified against the CA when one is set, but
-    # not required: the A2A surface authenticates by bearer credential, as on HTTPS
-    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=False)
+    return grpc.ssl_server_certificate_configuration([pair], root_certificates=ca)
+
+
+def _credentials(endpoint: GrpcEndpoint) -> grpc.ServerCredentials | None:
+    """The HTTPS pair (and client CA) as gRPC server credentials that follow a SIGHUP:
+    grpc asks the fetcher at each new connection, which reads the files again only
+    after a reload (the live HTTPS context has then already loaded them, so they are
+    a good pair; should they fail here, the previous pair stays). A client certificate
+    is asked for and verified against the CA when one is set, but not required: the A2A
+    surface authenticates by bearer credential, as on HTTPS."""
+    if endpoint.tls_cert is None or endpoint.tls_key is None:
+        return None
+    seen = endpoint.tls_generation
+
+    def fetch() -> Any:
+        nonlocal seen
+        if endpoint.tls_generation == seen:
+            return None
+        seen = endpoint.tls_generation
+        try:
+            return _tls_config(endpoint)
+        except OSError as exc:
+            access_log.error(
+                "gRPC certificate reload failed, still serving the previous one: %s", exc
+            )
+            return None
+
+    return grpc.dynamic_ssl_server_credentials(
+        _tls_config(endpoint), fetch, require_client_authentication=False
+    )
 
 
 async def start(relay: Relay, endpoint: GrpcEndpoint) -> grpc.aio.Server:
