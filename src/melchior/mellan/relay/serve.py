@@ -287,8 +287,9 @@ def grpc_endpoint(
     options: RelayOptions, public: str, say: Callable[..., None]
 ) -> GrpcEndpoint | None:
     """Where the A2A gRPC binding listens: ``--host`` and ``--grpc-port``, with the HTTPS
-    certificate (and client CA) when there is one; the card names the public URL's host.
-    It is bound in the app's lifespan, which says so (port 0 is the port bound)."""
+    certificate when there is one (no client CA: client certificates bind only the
+    receiver API, which is HTTP); the card names the public URL's host. It is bound in
+    the app's lifespan, which says so (port 0 is the port bound)."""
     if options.grpc_port is None:
         return None
     from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
@@ -302,7 +303,6 @@ def grpc_endpoint(
         options.grpc_port,
         tls_cert=options.tls_cert,
         tls_key=options.tls_key,
-        client_ca=options.client_ca,
         public_host=urlsplit(public).hostname,
         on_listening=listening,
     )

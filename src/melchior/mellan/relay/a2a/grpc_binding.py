@@ -73,7 +73,6 @@ class GrpcEndpoint:
     port: int
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    client_ca: Path | None = None
     public_host: str | None = None
     """The host clients reach (the public URL's); default: ``host``."""
     on_listening: Callable[[str], None] | None = None
@@ -378,17 +377,16 @@ def _tls_config(endpoint: GrpcEndpoint) -> Any:
     assert endpoint.tls_cert is not None
     assert endpoint.tls_key is not None
     pair = (endpoint.tls_key.read_bytes(), endpoint.tls_cert.read_bytes())
-    ca = endpoint.client_ca.read_bytes() if endpoint.client_ca is not None else None
-    return grpc.ssl_server_certificate_configuration([pair], root_certificates=ca)
+    return grpc.ssl_server_certificate_configuration([pair])
 
 
 def _credentials(endpoint: GrpcEndpoint) -> grpc.ServerCredentials | None:
     """The HTTPS pair (and client CA) as gRPC server credentials that follow a SIGHUP:
     grpc asks the fetcher at each new connection, which reads the files again only
     after a reload (the live HTTPS context has then already loaded them, so they are
-    a good pair; should they fail here, the previous pair stays). A client certificate
-    is asked for and verified against the CA when one is set, but not required: the A2A
-    surface authenticates by bearer credential, as on HTTPS."""
+    a good pair; should they fail here, the previous pair stays). No client certificate
+    is required: the A2A surface authenticates by bearer credential, as over HTTPS
+    (``--client-ca`` binds only the receiver API)."""
     if endpoint.tls_cert is None or endpoint.tls_key is None:
         return None
     seen = endpoint.tls_generation
