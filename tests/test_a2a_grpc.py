@@ -505,3 +505,54 @@ def test_calls_have_request_ids_and_are_counted_by_rpc_and_status(relay: Any) ->
     assert 'route="grpc GetTask"' in scraped
     assert 'status="NOT_FOUND"' in scraped
     assert 'route="grpc ListTasks"' in scraped
+
+
+def test_a_blocking_send_the_caller_abandons_is_kept_and_counted_cancelled(relay: Any) -> None:
+    """The caller cancels a send still waiting for its held task: the relay stops waiting
+    (the call is counted CANCELLED, as a gone HTTP client is 499); the task stays."""
+    server, world, _ = relay
+    token = world.tokens["caller"]
+
+    async def go() -> None:
+        channel, stub = await stub_for(server)
+        async with channel:
+
+            async def listed() -> set[str]:
+                page = await stub.ListTasks(
+                    a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(token)
+                )
+                return {t.id for t in page.tasks}
+
+            before = await listed()
+            call = stub.SendMessage(send_req("hold"), metadata=meta(token))
+            after = await until(listed, lambda ids: bool(ids - before))  # admitted, waiting
+            assert not call.done()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            (held,) = after - before
+            got = await stub.GetTask(
+                a2a_pb2.GetTaskRequest(tenant=TENANT, id=held), metadata=meta(token)
+            )
+            assert state(got) in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
+            await stub.CancelTask(
+                a2a_pb2.CancelTaskRequest(tenant=TENANT, id=held), metadata=meta(token)
+            )
+
+    run(go())
+    owner = {"authorization": f"Bearer {world.tokens['owner']}"}
+
+    def cancelled() -> bool:
+        text = httpx.get(f"{server.url}/metrics", headers=owner).text
+        return any(
+            'route="grpc SendMessage"' in line and 'status="CANCELLED"' in line
+            for line in text.splitlines()
+        )
+
+    async def wait() -> None:
+        async def look() -> bool:
+            return await asyncio.to_thread(cancelled)
+
+        await until(look, bool)
+
+    run(wait())

@@ -251,8 +251,11 @@ def _params(msg: Message) -> Any:
     return params
 
 
-async def _parse(relay: Relay, rpc: Rpc, raw: bytes) -> Message:
-    def parse() -> Message:
+async def _parse(relay: Relay, rpc: Rpc, raw: bytes) -> tuple[Message, Any]:
+    """The request message and its JSON params; work in proportion to a big request's
+    size (decoding it, and turning it into JSON) is done on a worker thread."""
+
+    def parse() -> tuple[Message, Any]:
         msg = rpc.request()
         try:
             msg.ParseFromString(raw)
@@ -260,7 +263,7 @@ async def _parse(relay: Relay, rpc: Rpc, raw: bytes) -> Message:
             raise InvalidParams(
                 f"the request is not a valid {rpc.request.__name__}: {exc}"
             ) from None
-        return msg
+        return msg, _params(msg)
 
     return parse() if len(raw) <= INLINE_PARSE else await relay.call(parse)
 
@@ -285,7 +288,7 @@ async def _prepare(
     relay: Relay, name: str, rpc: Rpc, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
 ) -> Any:
     """Parse, name the agent, check the version and the credential, run the operation."""
-    msg = await _parse(relay, rpc, raw)
+    msg, params = await _parse(relay, rpc, raw)
     tenant = getattr(msg, "tenant", "")
     target = paths.parse(tenant) if tenant else None
     if target is None or target.rest:
@@ -297,7 +300,7 @@ async def _prepare(
     request = _request(context.invocation_metadata(), name, len(raw), context)
     http.check_version(request)
     caller = await authenticate(relay, request, target)
-    return await OPERATIONS[name](relay, caller, _params(msg), request)
+    return await OPERATIONS[name](relay, caller, params, request)
 
 
 def _unary(relay: Relay, name: str, rpc: Rpc) -> Callable[..., Awaitable[bytes]]:

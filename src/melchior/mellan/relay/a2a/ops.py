@@ -1,8 +1,9 @@
-"""The A2A 1.0 operations by name, so both bindings dispatch to one implementation.
+"""The A2A 1.0 operations by name, so every binding dispatches to one implementation.
 
-Each operation takes the binding-neutral request object (the JSON-RPC ``params``, or
-what the HTTP+JSON binding assembled from path, query and body) and returns either a
-JSON value or an async iterator of ``StreamResponse`` objects.
+Each operation takes the binding-neutral request object (the JSON-RPC ``params``, what
+the HTTP+JSON binding assembled from path, query and body, or the gRPC request message
+in its JSON mapping) and returns either a JSON value or an async iterator of
+``StreamResponse`` objects.
 """
 
 from __future__ import annotations
