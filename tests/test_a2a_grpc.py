@@ -360,6 +360,11 @@ def test_credentials_version_and_tenant_are_checked(relay: Any) -> None:
             assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert details(err).reason == "VERSION_NOT_SUPPORTED"
             err = await refused(
+                stub.SendMessage(send_req("echo no"), metadata=meta(world.tokens["other"]))
+            )
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED  # no grant to this agent
+            assert details(err).reason == "PERMISSION_DENIED"
+            err = await refused(
                 stub.GetTask(a2a_pb2.GetTaskRequest(id="x"), metadata=meta(world.tokens["caller"]))
             )
             assert err.code() == grpc.StatusCode.NOT_FOUND

@@ -23,6 +23,7 @@ from a2a.types import a2a_pb2, a2a_pb2_grpc
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import TaskNotFoundError
 from google.protobuf import struct_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from relay_proc import (  # noqa: F401
     MELLAN,
@@ -260,5 +261,40 @@ def test_grpc_is_served_with_the_https_certificate(tmp_path: Path) -> None:
                 assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
         run(after())
+    finally:
+        assert relay.stop() == 0
+
+
+def test_a_send_over_the_limit_is_resource_exhausted_with_when_to_retry(
+    db_url: str, tmp_path: Path
+) -> None:
+    relay = start_relay(
+        db_url, tmp_path, "--grpc-port", "0", "--limits-burst", "1", "--limits-send-rate", "0.001"
+    )
+    try:
+        caller, _ = setup_pair(relay)
+        target = grpc_target(relay)
+
+        async def go() -> None:
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                await stub.SendMessage(queued_send("first"), metadata=meta(caller))
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.SendMessage(queued_send("second"), metadata=meta(caller))
+                err = caught.value
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                trailing = dict(err.trailing_metadata() or ())
+                assert int(trailing["retry-after"]) > 0
+                status = status_pb2.Status.FromString(trailing["grpc-status-details-bin"])
+                info = error_details_pb2.ErrorInfo()
+                assert status.details[0].Unpack(info)
+                assert info.reason == "QUOTA_EXCEEDED"
+                assert info.metadata["retryAfter"] == trailing["retry-after"]
+                listed = await stub.ListTasks(
+                    a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(caller)
+                )
+                assert len(listed.tasks) == 1  # nothing was stored for the refused send
+
+        run(go())
     finally:
         assert relay.stop() == 0
