@@ -1,4 +1,4 @@
-"""SendMessage accepted/s over gRPC beside JSON-RPC, on one mellan relay.
+"""SendMessage accepted/s and stream event latency over gRPC beside JSON-RPC, one relay.
 
 One relay (its own process: the production app under uvicorn, with the gRPC binding of
 ``--grpc-port`` in its lifespan), on a fresh database of each engine in turn
@@ -12,6 +12,12 @@ median accepted/s and the relay's CPU milliseconds per accepted request (from
 
 The JSON-RPC client is ``a2a_send.Connection`` (prebuilt HTTP/1.1 requests); the gRPC
 client is ``grpc.aio`` with the generated stub, one channel per client.
+
+Stream latency (measured first, while nothing else is queued): ``BENCH_STREAMS``
+``SendStreamingMessage`` calls per binding, one at a time; a receiver in a process of
+its own (``a2a_send.mellan_producer``) reports ``BENCH_EVENTS`` status updates per task
+stamped with ``time.time_ns()``; the milliseconds to their arrival (SSE, or the gRPC
+stream) are the latency (p50, p95).
 
 Run ``.venv/bin/python bench/a2a_grpc.py``.
 """
@@ -39,13 +45,18 @@ from a2a_send import (
     CALLER,
     CAP,
     CONCURRENCY,
+    EVENTS,
     RECEIVER,
     SENDS,
+    STREAMS,
     WS,
     Connection,
     cpu_seconds,
     databases,
+    mellan_producer,
+    pct,
     rpc,
+    stream_latencies,
 )
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -78,8 +89,10 @@ def serve(db: str, info: Path) -> None:
     store.add_agent(WS, CALLER, "bench caller", [])
     store.add_agent(WS, RECEIVER, "bench receiver", [Capability(CAP, "run")])
     store.add_grant(WS, CALLER, RECEIVER, [CAP])
-    token = new_token()
-    store.add_credential(WS, CredentialKind.AGENT, CALLER, hash_token(token))
+    tokens = {}
+    for who, subject in (("caller", CALLER), ("receiver", RECEIVER)):
+        tokens[who] = new_token()
+        store.add_credential(WS, CredentialKind.AGENT, subject, hash_token(tokens[who]))
     sock = bind("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     endpoint = GrpcEndpoint("127.0.0.1", free_port())
@@ -88,7 +101,7 @@ def serve(db: str, info: Path) -> None:
     relay = Relay(store=store, notifier=notifier, public_url=url, limits=limits, grpc=endpoint)
     info.write_text(
         json.dumps(
-            {"url": url, "rpc": f"{url}/a2a/{WS}/{RECEIVER}", "caller": token,
+            {"url": url, "rpc": f"{url}/a2a/{WS}/{RECEIVER}", **tokens,
              "grpc": endpoint.target, "pid": os.getpid()}
         )
     )  # fmt: skip
@@ -102,14 +115,31 @@ def serve(db: str, info: Path) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def grpc_send() -> a2a_pb2.SendMessageRequest:
+def grpc_send(text: str = "work") -> a2a_pb2.SendMessageRequest:
     return a2a_pb2.SendMessageRequest(
         tenant=f"{WS}/{RECEIVER}",
         message=a2a_pb2.Message(
-            role=a2a_pb2.ROLE_USER, message_id=uuid.uuid4().hex, parts=[a2a_pb2.Part(text="work")]
+            role=a2a_pb2.ROLE_USER, message_id=uuid.uuid4().hex, parts=[a2a_pb2.Part(text=text)]
         ),
         configuration=a2a_pb2.SendMessageConfiguration(return_immediately=True),
     )
+
+
+async def grpc_stream_latencies(info: dict[str, Any]) -> list[float]:
+    """``a2a_send.stream_latencies`` over gRPC: ms from the receiver's stamp to arrival."""
+    meta = (("authorization", f"Bearer {info['caller']}"), ("a2a-version", "1.0"))
+    out: list[float] = []
+    async with grpc.aio.insecure_channel(info["grpc"]) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        for _ in range(STREAMS):
+            async for ev in stub.SendStreamingMessage(grpc_send("stream"), metadata=meta):
+                arrived = time.time_ns()
+                if ev.WhichOneof("payload") != "status_update":
+                    continue
+                parts = ev.status_update.status.message.parts
+                if parts and parts[0].text.isdigit():
+                    out.append((arrived - int(parts[0].text)) / 1e6)
+    return out
 
 
 async def over_grpc(info: dict[str, Any], pid: int) -> tuple[float, float]:
@@ -162,11 +192,24 @@ async def over_jsonrpc(info: dict[str, Any], pid: int) -> tuple[float, float]:
             await c.close()
 
 
-def run_engine(engine: str) -> dict[str, tuple[float, float]]:
+def run_engine(engine: str) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as d, databases(engine, Path(d)) as dbs:
-        proc, info = start_grpc(dbs["mellan"], Path(d))
+        tmp = Path(d)
+        proc, info = start_grpc(dbs["mellan"], tmp)
         try:
             pid = int(info["pid"])
+            # stream latency first, while nothing else is queued for the producer
+            producer = subprocess.Popen(
+                [sys.executable, __file__, "--produce", "--info", str(tmp / "mellan.json")]
+            )
+            try:
+                lat = {
+                    "JSON-RPC": asyncio.run(stream_latencies(info)),
+                    "gRPC": asyncio.run(grpc_stream_latencies(info)),
+                }
+            finally:
+                producer.terminate()
+                producer.wait()
             runs: dict[str, list[tuple[float, float]]] = {"JSON-RPC": [], "gRPC": []}
             for _ in range(ROUNDS):
                 runs["JSON-RPC"].append(asyncio.run(over_jsonrpc(info, pid)))
@@ -174,10 +217,17 @@ def run_engine(engine: str) -> dict[str, tuple[float, float]]:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    return {
-        k: (statistics.median(r for r, _ in v), statistics.median(c for _, c in v))
-        for k, v in runs.items()
-    }
+    out: dict[str, dict[str, float]] = {}
+    for k, v in runs.items():
+        if len(lat[k]) < STREAMS * EVENTS * 0.9:
+            raise SystemExit(f"{k}: only {len(lat[k])} of {STREAMS * EVENTS} events measured")
+        out[k] = {
+            "rate": statistics.median(r for r, _ in v),
+            "cpu": statistics.median(c for _, c in v),
+            "p50": pct(lat[k], 50),
+            "p95": pct(lat[k], 95),
+        }
+    return out
 
 
 def start_grpc(db: str, tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
@@ -200,11 +250,15 @@ def start_grpc(db: str, tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, A
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--produce", action="store_true")
     parser.add_argument("--db")
     parser.add_argument("--info")
     args = parser.parse_args()
     if args.serve:
         serve(args.db, Path(args.info))
+        return 0
+    if args.produce:
+        mellan_producer(json.loads(Path(args.info).read_text()))
         return 0
     load = Path("/proc/loadavg").read_text().split()[:3]
     print(f"# {SENDS} sends x {ROUNDS} rounds, {CONCURRENCY} clients; load {' '.join(load)}")
@@ -214,9 +268,10 @@ def main() -> int:
         except Exception as exc:  # e.g. PostgreSQL not running: say so, measure the rest
             print(f"[{engine}] skipped: {exc}")
             continue
-        for binding, (rate, cpu) in results.items():
-            print(f"[{engine}] {binding:8} SendMessage accepted/s {rate:7.0f}   "
-                  f"relay CPU {cpu:5.2f} ms/req")  # fmt: skip
+        for binding, r in results.items():
+            print(f"[{engine}] {binding:8} SendMessage accepted/s {r['rate']:6.0f}   "
+                  f"relay CPU {r['cpu']:5.2f} ms/req   "
+                  f"stream event p50 {r['p50']:5.1f} ms, p95 {r['p95']:5.1f} ms")  # fmt: skip
     return 0
 
 
