@@ -65,10 +65,13 @@ test-streaming: $(STAMP)
 screenshots: $(STAMP)
 	MELLAN_SCREENSHOTS=docs/dashboard $(BIN)/pytest -m browser -q tests/test_dashboard_browser.py
 
+# ruff, mypy strict, and the layers of docs/architecture.md (lint-imports: pyproject's
+# [tool.importlinter] contracts; an import that points up a layer fails here)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard bench) scripts/clis.py
 	$(BIN)/ruff format --check src tests $(wildcard bench) scripts/clis.py
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'

@@ -75,7 +75,7 @@ def test_the_webhook_listens_on_loopback_only(tmp_path: Path) -> None:
         parse('[webhook]\ntoken = "secret"\n' + GOOD, tmp_path / "PLANE.toml")
     with pytest.raises(PlaneConfigError, match="at least one agent"):
         parse("[plane]\n", tmp_path / "PLANE.toml")
-    with pytest.raises(PlaneConfigError, match="not TOML"):
+    with pytest.raises(PlaneConfigError, match="not valid TOML"):
         parse("[[agents]\n", tmp_path / "PLANE.toml")
 
 

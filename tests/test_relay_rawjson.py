@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from melchior.mellan.rawjson import JSONTextError, Raw, decode, decode_stored, encode
 from melchior.mellan.relay.receiver_api import backoff
-from melchior.mellan.relay.serve import redact
 from melchior.mellan.relay.store._common import lost_reason
+from melchior.mellan.relay.store.dburl import redact
 
 json_values = st.recursive(
     st.none()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from melchior.plane import outbox, roster
+from melchior.plane import outbox, roster, verbs
 from melchior.plane.verbs import ENV_AGENT, ENV_OUTBOX, ENV_ROSTER
 from melchior.runtimes import COMPLETED, FAILED, RuntimeConfigError, Turn, runtime_for
 from provider_kit import LoopbackServer, sequence, split_bytes, sse, sse_reply
@@ -100,7 +100,7 @@ def plane_env(tmp_path: Path, may_write: bool = True) -> dict[str, str]:
 def go(opts: dict[str, Any], env: dict[str, str], tmp_path: Path, prompt: str = "hi") -> Any:
     sink = Sink()
     rt = runtime_for("provider", opts)
-    result = asyncio.run(rt.run(Turn(prompt=prompt, cwd=tmp_path, env=env), sink))
+    result = asyncio.run(rt.run(Turn(prompt=prompt, cwd=tmp_path, env=env, plane=verbs), sink))
     return result, sink
 
 
@@ -117,6 +117,18 @@ def test_without_the_plane_it_is_one_fresh_run_with_no_tools(tmp_path: Path) -> 
     assert body["messages"][0] == {"role": "system", "content": "be brief"}
     assert request.headers["authorization"] == "Bearer sk-test"
     assert "the books balance" in " ".join(sink.texts("message"))
+
+
+def test_the_plane_environment_without_the_planes_verbs_offers_no_tools(tmp_path: Path) -> None:
+    """The plane hands its verbs in with the turn (the runtime never imports the plane):
+    a turn without them has no tools, whatever its environment says."""
+    env = plane_env(tmp_path)
+    with LoopbackServer(served(text_stream("no tools here"))) as server:
+        rt = runtime_for("provider", options(server))
+        result = asyncio.run(rt.run(Turn(prompt="hi", cwd=tmp_path, env=env), Sink()))
+    assert result.state == COMPLETED
+    (request,) = server.requests
+    assert "tools" not in request.json()
 
 
 def test_in_a_plane_turn_send_to_writes_the_outbox_and_the_model_reads_the_box(

@@ -230,3 +230,28 @@ def test_the_melchior_command_answers_status_without_re_json_or_typing(harness: 
     }
     assert "melchior.tool_quick" in imported
     assert imported & NEVER_ON_STATUS == set()
+
+
+def test_the_planes_verbs_are_handed_to_perform_not_imported_by_it(tmp_path: Path) -> None:
+    """tool is below the plane: ``send_to``/``team`` run only through the plane's verbs a
+    caller hands in (``melchior tool`` and the MCP bridge hand in melchior.plane.verbs)."""
+    from melchior.plane import roster, verbs
+    from melchior.tool import Request, Usage, perform
+
+    data = roster.build(
+        "planner",
+        [("planner", "plans"), ("ledger", "keeps the books")],
+        talks_to={"ledger"},
+        opened=set(),
+        mentioned=set(),
+        turn=1,
+    )
+    env = {
+        verbs.ENV_AGENT: "planner",
+        verbs.ENV_ROSTER: str(roster.write(tmp_path, data)),
+        verbs.ENV_OUTBOX: str(tmp_path / "out.ndjson"),
+    }
+    with pytest.raises(Usage, match="unknown verb 'team'"):
+        perform(Request(verb="team"), env)
+    team = perform(Request(verb="team"), env, plane=verbs)
+    assert [(o["id"], o["may_write"]) for o in team] == [("ledger", True)]

@@ -56,9 +56,7 @@ def _position(data: bytes, offset: int) -> str:
 def parse(data: bytes, source: str = "<config>") -> dict[str, Any]:
     """The TOML document in ``data``, within the bounds of the module docstring."""
     if len(data) > MAX_BYTES:
-        raise TomlFileError(
-            f"{source} is larger than a config file may be ({MAX_BYTES} bytes at most)"
-        )
+        raise TomlFileError(_too_large(source))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -66,6 +64,23 @@ def parse(data: bytes, source: str = "<config>") -> dict[str, Any]:
             f"{source} is not UTF-8: byte 0x{data[exc.start]:02x} at "
             f"{_position(data, exc.start)}; TOML files are UTF-8"
         ) from None
+    return loads(text, source)
+
+
+def _too_large(source: str) -> str:
+    return f"{source} is larger than a config file may be ({MAX_BYTES} bytes at most)"
+
+
+def loads(text: str, source: str = "<config>") -> dict[str, Any]:
+    """The TOML document in ``text`` already decoded, within the same bounds.
+
+    For the readers that take a file's text (the plane's, the session's, the providers'
+    and the bridge's config files): what ``tomllib.loads`` would give, except that a
+    document too large or nested too deep is a :class:`TomlFileError` rather than a
+    ``RecursionError`` traceback.
+    """
+    if len(text) > MAX_BYTES:  # a character is at least a byte: never under the bound
+        raise TomlFileError(_too_large(source))
     try:
         document = tomllib.loads(text)
     except RecursionError:

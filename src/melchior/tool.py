@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from melchior import names
 from melchior.envelope import (
@@ -127,6 +127,33 @@ BY_NAME: dict[str, ToolVerb] = {v.name: v for v in VOCABULARY}
 
 PLANE_ENV = "MELCHIOR_PLANE_OUTBOX"
 """Set (with the roster and the agent's id) only in a plane turn; see melchior.plane.verbs."""
+
+
+class PlaneVerbs(Protocol):
+    """The plane's side of its two verbs: :mod:`melchior.plane.verbs` is one.
+
+    The plane is a layer above the vocabulary, so it is handed to :func:`perform` by
+    whoever runs a request (``melchior tool``, the MCP bridge), never imported here.
+    """
+
+    @property
+    def PlaneUsage(self) -> type[Exception]:
+        """Raised for a malformed plane request (a :class:`Usage` here)."""
+        ...
+
+    def perform(
+        self,
+        verb: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        to: str | None = None,
+        message: str | None = None,
+        stdin: Callable[[int], bytes] = ...,
+    ) -> list[Any]:
+        """Run ``send_to`` or ``team`` in the plane turn ``env`` names."""
+        ...
+
+
 PLANE_VOCABULARY: tuple[ToolVerb, ...] = (
     ToolVerb(
         "send_to",
@@ -558,8 +585,13 @@ def context(env: Mapping[str, str], cwd: Path) -> Context:
     return Context(me, reg, read_talk(reg.project, env), env)
 
 
-def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
-    """Run one request; raises Usage (malformed) or Refused (refused, with a reason)."""
+def perform(
+    req: Request, env: Mapping[str, str] | None = None, *, plane: PlaneVerbs | None = None
+) -> list[Any]:
+    """Run one request; raises Usage (malformed) or Refused (refused, with a reason).
+
+    ``plane`` carries the plane's verbs out inside a plane turn; without it they are
+    unknown verbs here."""
     from melchior.session.config import ConfigError
     from melchior.session.identity import IdentityError
 
@@ -574,12 +606,11 @@ def perform(req: Request, env: Mapping[str, str] | None = None) -> list[Any]:
                     "nothing was sent"
                 ) from None
     environ = os.environ if env is None else env
-    if environ.get(PLANE_ENV) and any(v.name == req.verb for v in PLANE_VOCABULARY):
-        from melchior.plane import verbs
-
+    plane_verb = any(v.name == req.verb for v in PLANE_VOCABULARY)
+    if plane is not None and environ.get(PLANE_ENV) and plane_verb:
         try:
-            return verbs.perform(req.verb, environ, to=req.to, message=req.message, stdin=req.stdin)
-        except verbs.PlaneUsage as exc:
+            return plane.perform(req.verb, environ, to=req.to, message=req.message, stdin=req.stdin)
+        except plane.PlaneUsage as exc:
             raise Usage(str(exc)) from None
     handler = HANDLERS.get(req.verb)
     if handler is None:

@@ -80,7 +80,7 @@ def run(ns: argparse.Namespace) -> int:
     from melchior.integrations import settings as bridge_settings
     from melchior.integrations.bridge import Bridge
     from melchior.integrations.relay_caller import RelayCaller, find_credential
-    from melchior.mellan.commands._common import CliError
+    from melchior.mellan.credentials import CredentialError
     from melchior.mellan.transport import TransportError
     from melchior.names import NamingError
     from melchior.session.config import ConfigError, read_talk
@@ -99,7 +99,7 @@ def run(ns: argparse.Namespace) -> int:
             channel=ns.channel,
         )
         cred = None if ns.no_relay else find_credential(ns.as_agent, ns.relay)
-    except (NamingError, IdentityError, ConfigError, CliError) as exc:
+    except (NamingError, IdentityError, ConfigError, CredentialError) as exc:
         print(f"melchior mcp: {exc}", file=sys.stderr)
         return 2
     try:

@@ -125,7 +125,13 @@ def run(ns: argparse.Namespace | SimpleNamespace) -> int:
             argv.emit(ok(quick))
             return 0
 
-    from melchior.tool import Request, Usage, perform
+    import os
+
+    from melchior.tool import PLANE_ENV, PlaneVerbs, Request, Usage, perform
+
+    plane: PlaneVerbs | None = None
+    if os.environ.get(PLANE_ENV):  # the plane's verbs, imported only inside a plane turn
+        from melchior.plane import verbs as plane
 
     req = Request(
         verb=ns.verb,
@@ -139,7 +145,7 @@ def run(ns: argparse.Namespace | SimpleNamespace) -> int:
         to=ns.to,
     )
     try:
-        result = perform(req)
+        result = perform(req, plane=plane)
     except Usage as exc:
         argv.emit(refused(str(exc), code="bad-args"))
         return 2

@@ -42,6 +42,7 @@ from melchior.integrations.hooks import (
 from melchior.integrations.inbox import WAKING_SORTS, Entry, Inbox
 from melchior.integrations.settings import Settings
 from melchior.integrations.taint import TaintWindow
+from melchior.plane import verbs as plane_verbs
 from melchior.policy.decision import Decision, refuse
 from melchior.policy.hops import Chain
 from melchior.policy.taint import ToolCall
@@ -233,7 +234,7 @@ class Bridge:
                 if given is None or given.hop < received.hop:
                     args["chain"] = json.dumps(received.as_dict())
             req = tools.request(spec.name, args)
-            result = await asyncio.to_thread(perform, req, self.tool_env())
+            result = await asyncio.to_thread(perform, req, self.tool_env(), plane=plane_verbs)
         except Usage as exc:
             return refused(str(exc), code="bad-args")
         except Refused as exc:

@@ -223,10 +223,12 @@ def merge_codex_config(text: str, name: str, base: Sequence[str], mcp_args: Sequ
     """``config.toml`` with our three entries added; refuses to overwrite anyone's."""
     import tomllib
 
+    from melchior import tomlfile
+
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise IntegrateError(f"config.toml is not valid TOML ({exc}); fix it first") from None
+        data = tomlfile.loads(text, "config.toml")
+    except tomlfile.TomlFileError as exc:
+        raise IntegrateError(f"{exc}; fix it first") from None
     notify, features, server = codex_fragments(name, base, mcp_args)
     want = tomllib.loads("\n".join((notify, features, server)))
     out = text

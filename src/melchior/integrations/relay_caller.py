@@ -1,11 +1,13 @@
 """The bridge as a relay caller: agents on other machines, through the relay's A2A entry.
 
 With a mellan *agent* credential configured (``--as AGENT`` from ``mellan join``, or
-``$MELLAN_TOKEN``, or the one credential stored; the precedence every mellan command
-follows, :func:`melchior.mellan.commands._common.agent_credential`), the bridge offers
-the agent the relay too: which remote agents and capabilities are granted to it, send
-(returning at once, waiting, or streaming progress), get, and cancel. It speaks A2A 1.0
-HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}`` as ``mellan send`` does (docs/a2a.md).
+``$MELLAN_TOKEN``, or the one credential stored; the precedence every mellan client
+follows, :func:`melchior.mellan.credentials.agent_credential`), the bridge offers the
+agent the relay too: which remote agents and capabilities are granted to it, send
+(returning at once, waiting, or streaming progress), get, and cancel. It speaks to the
+relay through :class:`melchior.mellan.client.caller.AsyncRelayClient`, the client
+``mellan send`` uses too: one error decoder, one SSE parser; what is left here is the
+tools' shapes, the hop chain and turning a relay's refusal into the bridge's rule.
 
 The hop chain crosses with the task: a send made while the model holds peer text
 continues that text's chain (one hop further, this agent appended to the path) in the
@@ -20,27 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
-import httpx
-
-from melchior.envelope import (
-    ANSWERED,
-    DELIVERED,
-    QUEUED,
-    Message,
-    Receipt,
-    receipt,
-    refused_receipt,
-)
+from melchior.envelope import Message, Receipt, refused_receipt
 from melchior.integrations.tools import ToolSpec
-from melchior.mellan import transport
+from melchior.mellan.client.caller import AsyncRelayClient
+from melchior.mellan.client.errors import BAD_ANSWER, BAD_ARGS, RelayError
+from melchior.mellan.client.views import TaskView, describe, receipt_of
+from melchior.mellan.credentials import CredentialError, agent_credential
+from melchior.mellan.rawjson import encode
 from melchior.mellan.transport import ClientTls
 from melchior.policy.decision import Decision, refuse
 from melchior.policy.hops import HOPS_URI, Chain, check_hop, next_hop
+
+__all__ = ["TOOLS", "Credential", "RelayCaller", "RelayRefused", "find_credential", "receipt_of"]
 
 MODES = ("return", "wait", "stream")
 MAX_EVENTS = 1000
@@ -113,15 +110,28 @@ class RelayRefused(Exception):
         self.code = code
 
 
-def receipt_of(task: Mapping[str, Any]) -> Receipt:
-    """What became of a send, from the task the relay answered with."""
-    state = str(task.get("status", {}).get("state", ""))
-    tid = str(task.get("id")) if task.get("id") is not None else None
-    if state in ("TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED"):
-        return receipt(ANSWERED, tid, task=tid, state=state)
-    if state in ("TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"):
-        return receipt(DELIVERED, tid, task=tid, state=state)
-    return receipt(QUEUED, tid, task=tid, state=state)
+def refused_by(exc: RelayError) -> RelayRefused:
+    """A relay's refusal as the bridge's rule: the rule named by the HTTP status or the
+    A2A reason, in the relay's words."""
+    if exc.status is None:
+        rule, code = {
+            BAD_ANSWER: ("relay-answer", "bad-answer"),
+            BAD_ARGS: ("bad-agent", "bad-args"),
+        }.get(exc.code, ("relay-unreachable", "unreachable"))
+        return RelayRefused(refuse(rule, str(exc)), code)
+    rule = {401: "credential", 403: "grant", 404: "unknown-task"}.get(
+        exc.status, "hop-limit" if exc.reason == "HOP_LIMIT" else "relay"
+    )
+    said = exc.sentence if exc.said else str(exc)
+    code = "unreachable" if exc.status == 503 else "refused"
+    return RelayRefused(refuse(rule, f"{said} (HTTP {exc.status})"), code)
+
+
+def plain(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A view's exact JSON as plain Python values (the MCP answer is ``json.dumps``'d,
+    which knows no exact decimals)."""
+    found = json.loads(encode(value))
+    return found if isinstance(found, dict) else {}
 
 
 class Credential(NamedTuple):
@@ -132,14 +142,11 @@ class Credential(NamedTuple):
 
 
 def find_credential(as_agent: str | None, relay: str | None) -> Credential | None:
-    """The agent credential by mellan's one rule of precedence, or None when there is none."""
-    import argparse
-
-    from melchior.mellan.commands._common import CliError, agent_credential
-
+    """The agent credential by mellan's one rule of precedence, or None when there is none
+    (a named agent that is not stored is an error: :class:`CredentialError`)."""
     try:
-        found = agent_credential(argparse.Namespace(as_agent=as_agent, relay=relay))
-    except CliError:
+        found = agent_credential(as_agent=as_agent, relay=relay)
+    except CredentialError:
         if as_agent:
             raise
         return None
@@ -147,72 +154,36 @@ def find_credential(as_agent: str | None, relay: str | None) -> Credential | Non
 
 
 class RelayCaller:
-    """One agent credential's view of the relay, over one HTTP client (an AsyncDelivery)."""
+    """One agent credential's view of the relay, over one client (an AsyncDelivery).
+
+    Made with a credential the transport will not use (a token over plain HTTP to
+    another machine) it raises :class:`~melchior.mellan.transport.TransportError`."""
 
     def __init__(self, cred: Credential, *, timeout: float = 30.0) -> None:
         self.cred = cred
-        self.relay = cred.relay.rstrip("/")
-        # verifying TLS, and no token over plain HTTP to another machine (TransportError)
-        self.http = transport.async_client(
-            self.relay,
-            cred.token,
-            cred.tls,
-            headers={"A2A-Version": "1.0", "Accept": "application/json"},
-            timeout=httpx.Timeout(timeout, read=None),
+        self.client = AsyncRelayClient(
+            cred.relay, cred.token, workspace=cred.workspace, tls=cred.tls, timeout=timeout
         )
-        self._me: dict[str, Any] | None = None
+        self.relay = self.client.relay
 
     async def close(self) -> None:
-        await self.http.aclose()
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    async def _json(self, method: str, path: str, body: Any = None) -> Any:
-        try:
-            if body is None:
-                r = await self.http.request(method, path if "://" in path else self.relay + path)
-            else:
-                r = await self.http.request(
-                    method,
-                    path if "://" in path else self.relay + path,
-                    content=json.dumps(body).encode(),
-                    headers={"Content-Type": "application/json"},
-                )
-        except httpx.HTTPError as exc:
-            raise RelayRefused(
-                refuse("relay-unreachable", f"cannot reach the relay at {self.relay}: {exc}"),
-                "unreachable",
-            ) from None
-        if not r.is_success:
-            raise _refused(r)
-        try:
-            return json.loads(r.content) if r.content else {}
-        except ValueError:
-            raise RelayRefused(
-                refuse(
-                    "relay-answer", f"the relay answered {method} {path} with text that is not JSON"
-                ),
-                "bad-answer",
-            ) from None
+        await self.client.aclose()
 
     async def me(self) -> dict[str, Any]:
-        if self._me is None:
-            got = await self._json("GET", "/api/whoami")
-            self._me = got if isinstance(got, dict) else {}
-        return self._me
-
-    async def base(self, agent: str) -> str:
-        if not isinstance(agent, str) or not agent or "\n" in agent or len(agent) > 256:
-            raise RelayRefused(refuse("bad-agent", f"{agent!r} is not an agent id"), "bad-args")
-        workspace = self.cred.workspace or str((await self.me()).get("workspace", ""))
-        return f"{self.relay}/a2a/{quote(workspace, safe='')}/{quote(agent, safe='/')}"
+        try:
+            return plain((await self.client.whoami()).raw)
+        except RelayError as exc:
+            raise refused_by(exc) from None
 
     # -- what the tools do ----------------------------------------------------------------
 
     async def agents(self) -> dict[str, Any]:
         me = await self.me()
         subject = str(me.get("subject", ""))
-        grants = await self._json("GET", f"/api/grants?caller={quote(subject, safe='')}")
+        try:
+            grants = await self.client.call("GET", f"/api/grants?caller={quote(subject, safe='')}")
+        except RelayError as exc:
+            raise refused_by(exc) from None
         by_agent: dict[str, set[str]] = {}
         for g in grants.get("grants", []) if isinstance(grants, dict) else []:
             if g.get("caller") == subject and not g.get("revoked_at"):
@@ -221,10 +192,12 @@ class RelayCaller:
         for agent in sorted(by_agent)[:MAX_AGENTS]:
             skills: dict[str, str] = {}
             try:
-                card = await self._json("GET", await self.base(agent) + "/extendedAgentCard")
+                card = await self.client.call(
+                    "GET", await self.client.base(agent) + "/extendedAgentCard"
+                )
                 for s in card.get("skills", []) if isinstance(card, dict) else []:
                     skills[str(s.get("id"))] = str(s.get("description") or s.get("name") or "")
-            except RelayRefused:
+            except RelayError:
                 pass  # the grant list is the truth; a card is only the descriptions
             out.append(
                 {
@@ -251,82 +224,55 @@ class RelayCaller:
         """Send one task; the receipt and what the relay answered (task, or stream events)."""
         if mode not in MODES:
             raise RelayRefused(refuse("bad-mode", f"mode is one of {', '.join(MODES)}"), "bad-args")
-        message: dict[str, Any] = {
-            "messageId": secrets.token_hex(16),
-            "role": "ROLE_USER",
-            "parts": [{"text": text}],
-        }
+        metadata: dict[str, Any] | None = None
         if received is not None:
             me = str((await self.me()).get("subject", "")) or "-"
             chain = next_hop(received, me)
             decision = check_hop(chain)
             if not decision.allowed:
                 raise RelayRefused(decision)
-            message["metadata"] = {HOPS_URI: chain.as_dict()}
-        if task:
-            message["taskId"] = task
-        if context:
-            message["contextId"] = context
-        body: dict[str, Any] = {"message": message}
-        if capability:
-            body["metadata"] = {"capability": capability}
-        base = await self.base(agent)
-        if mode == "stream":
-            return await self._stream(base, body, progress)
-        body["configuration"] = {"returnImmediately": mode == "return"}
-        answer = await self._json("POST", base + "/message:send", body)
-        found = answer.get("task", {}) if isinstance(answer, dict) else {}
-        return receipt_of(found), {"task": found}
+            metadata = {HOPS_URI: chain.as_dict()}
+        ask: dict[str, Any] = {"capability": capability, "task": task, "context": context,
+                               "metadata": metadata}  # fmt: skip
+        try:
+            if mode == "stream":
+                return await self._stream(agent, text, ask, progress)
+
+            async def shown(event: Any) -> None:
+                if progress is not None:
+                    await progress(event.describe())
+
+            found = await self.client.send(agent, text, wait=mode == "wait", on_event=shown, **ask)
+        except RelayError as exc:
+            raise refused_by(exc) from None
+        return found.receipt, {"task": plain(found.raw)}
 
     async def _stream(
-        self, base: str, body: dict[str, Any], progress: Progress | None
+        self, agent: str, text: str, ask: dict[str, Any], progress: Progress | None
     ) -> tuple[Receipt, dict[str, Any]]:
-        from melchior.mellan.commands.send import describe
-
         events: list[str] = []
         dropped = 0
         task: dict[str, Any] = {}
         followed = True
         try:
             async with asyncio.timeout(STREAM_TIMEOUT):
-                async with self.http.stream(
-                    "POST",
-                    base + "/message:stream",
-                    content=json.dumps(body).encode(),
-                    headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-                ) as r:
-                    if not r.is_success:
-                        await r.aread()
-                        raise _refused(r)
-                    data: list[str] = []
-                    async for line in r.aiter_lines():
-                        if line.startswith("data:"):
-                            data.append(line[5:].lstrip())
-                            continue
-                        if line or not data:
-                            continue
-                        event = json.loads("\n".join(data))
-                        data = []
-                        if "task" in event:
-                            task = event["task"]
-                        elif "statusUpdate" in event:
-                            task.setdefault("status", {}).update(
-                                event["statusUpdate"].get("status", {})
-                            )
-                        said = describe(event)
-                        if len(events) < MAX_EVENTS:
-                            events.append(said)
-                        else:
-                            dropped += 1
-                        if progress is not None:
-                            await progress(said)
+                async for event in self.client.stream(agent, text, **ask):
+                    if event.kind == "task":
+                        task = plain(event.raw["task"])
+                    elif event.kind == "statusUpdate":
+                        task["status"] = {
+                            **task.get("status", {}),
+                            **event.raw["statusUpdate"].get("status", {}),
+                        }
+                    said = describe(event.raw)
+                    if len(events) < MAX_EVENTS:
+                        events.append(said)
+                    else:
+                        dropped += 1
+                    if progress is not None:
+                        await progress(said)
         except TimeoutError:
             followed = False  # the task carries on at the relay; relay_get follows it
-        except httpx.HTTPError as exc:
-            raise RelayRefused(
-                refuse("relay-unreachable", f"the stream from the relay broke: {exc}"),
-                "unreachable",
-            ) from None
         out: dict[str, Any] = {"task": task, "events": events}
         if not followed:
             out["note"] = (
@@ -337,14 +283,18 @@ class RelayCaller:
         return receipt_of(task), out
 
     async def get(self, agent: str, task: str) -> dict[str, Any]:
-        got = await self._json("GET", await self.base(agent) + f"/tasks/{quote(task, safe='')}")
-        return {"task": got}
+        return {"task": plain((await self._view(self.client.get, agent, task)).raw)}
 
     async def cancel(self, agent: str, task: str) -> dict[str, Any]:
-        got = await self._json(
-            "POST", await self.base(agent) + f"/tasks/{quote(task, safe='')}:cancel"
-        )
-        return {"task": got}
+        return {"task": plain((await self._view(self.client.cancel, agent, task)).raw)}
+
+    async def _view(
+        self, op: Callable[[str, str], Awaitable[TaskView]], agent: str, task: str
+    ) -> TaskView:
+        try:
+            return await op(agent, task)
+        except RelayError as exc:
+            raise refused_by(exc) from None
 
     async def deliver(self, message: Message) -> Receipt:
         """The Delivery seam: ``message.recipient`` is the remote agent, its metadata may
@@ -362,23 +312,3 @@ class RelayCaller:
         except RelayRefused as exc:
             return refused_receipt(exc.decision, message.message_id)
         return got
-
-
-def _refused(r: httpx.Response) -> RelayRefused:
-    """The relay's error body as a decision: the rule named by the A2A error, its words."""
-    try:
-        error = json.loads(r.content).get("error", {})
-    except (ValueError, AttributeError):
-        error = {}
-    message = str(error.get("message") or r.text[:200] or f"HTTP {r.status_code}")
-    reason = ""
-    for d in error.get("details", []) if isinstance(error, dict) else []:
-        if isinstance(d, dict) and d.get("reason"):
-            reason = str(d["reason"])
-    rule = {
-        401: "credential",
-        403: "grant",
-        404: "unknown-task",
-    }.get(r.status_code, "hop-limit" if reason == "HOP_LIMIT" else "relay")
-    code = "unreachable" if r.status_code == 503 else "refused"
-    return RelayRefused(refuse(rule, f"{message} (HTTP {r.status_code})"), code)

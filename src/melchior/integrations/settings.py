@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from melchior.configfile import ConfigError, config_path
 from melchior.integrations.taint import MAX_TAINT_CALLS, TAINT_CALLS
 from melchior.policy import taint as taint_policy
 from melchior.policy.turn_quota import SENDS_PER_TURN, check_limit
-from melchior.session.config import ConfigError, config_path
 
 
 class Settings(NamedTuple):
@@ -82,12 +82,12 @@ def parse(
     channel: bool = False,
 ) -> Settings:
     """Settings from a config file's text, then the command line's flags on top."""
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text) if text else {}
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, where) if text else {}
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     table = _table(data, project, where)
     try:
         sends = check_limit(

@@ -26,12 +26,12 @@ than on the first turn::
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from melchior import tomlfile
 from melchior.policy.doors import is_agent_id
 from melchior.policy.outbound import loopback
 
@@ -215,9 +215,9 @@ def _webhook(raw: Any, path: Path) -> WebhookConfig:
 def parse(text: str, path: Path) -> PlaneConfig:
     """Read a plane's configuration from ``text`` (the file at ``path``)."""
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlaneConfigError(_where(path, f"not TOML: {exc}")) from None
+        doc = tomlfile.loads(text, str(path))
+    except tomlfile.TomlFileError as exc:
+        raise PlaneConfigError(str(exc)) from None
     _strict(doc, TOP_KEYS, path, "the file")
     base = path.resolve().parent
     plane = _strict(doc.get("plane", {}), PLANE_KEYS, path, "plane")

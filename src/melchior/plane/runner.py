@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from melchior.envelope import Message, Receipt
 from melchior.plane import outbox as outbox_file
-from melchior.plane import prompts, roster
+from melchior.plane import prompts, roster, verbs
 from melchior.plane.config import PlaneConfig
 from melchior.plane.delivery import Emit, Event, TurnDelivery, carry, ceiling_refusal, release
 from melchior.plane.state import Held, Input, State
@@ -414,7 +414,7 @@ class Plane:
 
         running = asyncio.ensure_future(
             self.runtimes[agent].run(
-                Turn(prompt=prompt, cwd=ws, message=message, env=env), progress
+                Turn(prompt=prompt, cwd=ws, message=message, env=env, plane=verbs), progress
             )
         )
         self._turn_tasks[agent] = running

@@ -1,5 +1,9 @@
 """The agent's side of the plane: ``send_to`` and ``team``, as ``melchior tool`` runs them.
 
+This module is what the layers below the plane are handed, never import: the vocabulary
+(:class:`melchior.tool.PlaneVerbs`, from ``melchior tool`` and the MCP bridge) and the
+provider runtime (:class:`melchior.runtimes.base.PlaneSeat`, with each plane turn).
+
 Inside a plane turn the environment names three things (and only then do these verbs
 exist): :data:`ENV_AGENT` who I am, :data:`ENV_ROSTER` the roster the plane wrote before
 the turn, :data:`ENV_OUTBOX` the file this turn's notes go to. ``send_to`` appends one
@@ -130,6 +134,18 @@ def send_to(
             "text": box,
         }
     ]
+
+
+def seat(env: Mapping[str, str]) -> tuple[str, list[Any]]:
+    """This agent's id and the team as the roster has it, for a model's system prompt: an
+    unreadable roster is an empty team there (the prompt says nobody else), not a refusal."""
+    from melchior.plane import roster
+
+    try:
+        team = roster.read(Path(env[ENV_ROSTER]))["team"]
+    except (ValueError, KeyError):
+        team = []
+    return env[ENV_AGENT], team
 
 
 def team(env: Mapping[str, str], line: str | None = None) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The providers a user configured: ``[providers.NAME]`` tables in melchior's config file.
 
-The file is the one :mod:`melchior.session.config` reads ``melchior.talk`` from,
-``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
+The file (:mod:`melchior.configfile`) is the one :mod:`melchior.session.config` reads
+``melchior.talk`` from, ``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
 
     [providers.openai]
     kind = "openai"                       # openai | openai-responses | anthropic | ollama
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from melchior.configfile import ConfigError, config_path
 from melchior.providers.errors import CredentialMissing
 from melchior.providers.redact import redact_url
-from melchior.session.config import ConfigError, config_path
 
 Kind = Literal["openai", "openai-responses", "anthropic", "ollama"]
 KINDS: tuple[Kind, ...] = ("openai", "openai-responses", "anthropic", "ollama")
@@ -158,12 +158,12 @@ def _one(name: str, table: Any, path: Path) -> ProviderConfig:
 
 def parse_providers(text: str, path: Path) -> dict[str, ProviderConfig]:
     """Every ``[providers.NAME]`` of a config file's text, in file order."""
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, str(path))
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     providers = data.get("providers", {})
     if not isinstance(providers, dict):
         raise ConfigError(f"{path}: 'providers' must be a table of [providers.NAME] tables")

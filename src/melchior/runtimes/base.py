@@ -54,6 +54,37 @@ PROGRESS_KINDS: tuple[str, ...] = ("status", "message", "artifact", "usage")
 "lastChunk"?}``); ``usage``: token counts and cost in ``data``."""
 
 
+class PlaneSeat(Protocol):
+    """What a model turn may do in the plane it runs in: :mod:`melchior.plane.verbs` is one.
+
+    The plane is a layer above the runtimes (it drives them), so a runtime that offers
+    the plane's verbs to its model as tools (the provider runtime) is handed them with
+    the turn (:attr:`Turn.plane`) and never imports the plane. Each takes the turn's
+    environment, where the plane names the agent, its roster and its outbox.
+    """
+
+    @property
+    def PlaneUsage(self) -> type[Exception]:
+        """Raised by a verb whose request is malformed (the model is told, not failed)."""
+        ...
+
+    def in_plane(self, env: Mapping[str, str]) -> bool:
+        """Whether this is a plane turn (the verbs exist only then)."""
+        ...
+
+    def seat(self, env: Mapping[str, str]) -> tuple[str, list[Any]]:
+        """This agent's id and the team as the roster has it (empty if unreadable)."""
+        ...
+
+    def send_to(self, env: Mapping[str, str], to: str | None, message: str | None) -> Any:
+        """Write one note for another agent into this turn's outbox; its receipt."""
+        ...
+
+    def team(self, env: Mapping[str, str], line: str | None = None) -> Any:
+        """Who there is and whom this agent may write to now (read only)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Turn:
     """One turn for one agent. Built by the caller; read by the adapter.
@@ -65,7 +96,8 @@ class Turn:
     starts fresh. ``env`` is extra environment for the agent's process. ``options`` are
     the route's adapter options, layered over the adapter's configuration for this turn
     only; they come from local configuration or an owner-approved route, never from the
-    caller's message.
+    caller's message. ``plane`` is the plane's verbs when the plane runs the turn
+    (:class:`PlaneSeat`), else None.
     """
 
     prompt: str
@@ -74,6 +106,7 @@ class Turn:
     session: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    plane: PlaneSeat | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):

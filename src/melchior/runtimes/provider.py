@@ -3,9 +3,11 @@
 Each turn is one new conversation with a model: the prompt as the user's message, the
 configured ``system`` prompt, and — inside a plane turn — two tools, ``send_to`` and
 ``team``, carried out by writing the very outbox ``melchior tool --verb=send_to``
-writes (:mod:`melchior.plane.verbs`), so a model's note and a coding agent's note are
-judged by the plane in exactly the same way. Without the plane's environment there are
-no tools: one fresh provider run per task, as the relay's receiver wants.
+writes (:mod:`melchior.plane.verbs`, handed in with the turn as its
+:class:`~melchior.runtimes.base.PlaneSeat`: the plane is above the runtimes and is never
+imported here), so a model's note and a coding agent's note are judged by the plane in
+exactly the same way. Without the plane's verbs and environment there are no tools: one
+fresh provider run per task, as the relay's receiver wants.
 
 A turn is a loop of at most ``tool_rounds + 1`` generations: the model answers, or calls
 tools; their results go back and it is asked again. Streams follow the providers'
@@ -45,6 +47,7 @@ from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     COMPLETED,
     Emit,
+    PlaneSeat,
     Progress,
     RuntimeConfigError,
     Turn,
@@ -193,15 +196,9 @@ def plane_tools() -> list[Tool]:
     ]
 
 
-def plane_system(env: Mapping[str, str]) -> str:
+def plane_system(plane: PlaneSeat, env: Mapping[str, str]) -> str:
     """What the model is told about the plane: who it is and the roster."""
-    from melchior.plane import roster, verbs
-
-    me = env[verbs.ENV_AGENT]
-    try:
-        team = roster.read(Path(env[verbs.ENV_ROSTER]))["team"]
-    except (ValueError, KeyError):
-        team = []
+    me, team = plane.seat(env)
     door = {True: " (you may write to it now)", False: " (no door: a note waits for the operator)"}
     lines = [
         f"- {o.get('id')}: {o.get('description') or '(no description)'}"
@@ -216,10 +213,12 @@ def plane_system(env: Mapping[str, str]) -> str:
     )
 
 
-def call_tool(call: ToolCall, env: Mapping[str, str]) -> tuple[str, bool]:
+def call_tool(call: ToolCall, plane: PlaneSeat | None, env: Mapping[str, str]) -> tuple[str, bool]:
     """Carry out one tool call through the plane's verbs; (result text, is_error)."""
-    from melchior.plane import verbs
     from melchior.wire.envelope import Refused
+
+    if plane is None:
+        return f"there is no tool {call.name!r}; this turn has no tools", True
 
     if call.invalid_arguments:
         return f"your arguments were not a JSON object ({call.invalid_arguments}); not run", True
@@ -229,15 +228,15 @@ def call_tool(call: ToolCall, env: Mapping[str, str]) -> tuple[str, bool]:
             to, message = args.get("to"), args.get("message")
             if not isinstance(to, str) or not isinstance(message, str) or message == "-":
                 return "send_to takes {to: text, message: text}; nothing was written", True
-            result: Any = verbs.send_to(env, to, message)
+            result: Any = plane.send_to(env, to, message)
         elif call.name == "team":
             line = args.get("line")
-            result = verbs.team(env, line if isinstance(line, str) else None)
+            result = plane.team(env, line if isinstance(line, str) else None)
         else:
             return f"there is no tool {call.name!r}; the tools are send_to and team", True
     except Refused as exc:
         return json.dumps({"refused": exc.reason, **exc.detail}, ensure_ascii=False), True
-    except verbs.PlaneUsage as exc:
+    except plane.PlaneUsage as exc:
         return str(exc), True
     text = json.dumps(result, ensure_ascii=False)
     return text[:MAX_TOOL_RESULT], False
@@ -274,13 +273,14 @@ class ProviderRuntime:
     async def _turn(
         self, client: ProviderClient, opts: ProviderOptions, turn: Turn, emit: Emit
     ) -> TurnResult:
-        from melchior.plane.verbs import in_plane
         from melchior.providers import GenerationRequest, Message
 
-        tools = plane_tools() if opts.tools == "auto" and in_plane(turn.env) else []
+        plane = turn.plane if turn.plane is not None and turn.plane.in_plane(turn.env) else None
+        tools = plane_tools() if opts.tools == "auto" and plane is not None else []
         system = opts.system
         if tools:
-            system = "\n\n".join(s for s in (opts.system, plane_system(turn.env)) if s)
+            assert plane is not None
+            system = "\n\n".join(s for s in (opts.system, plane_system(plane, turn.env)) if s)
         messages: list[Message] = [Message("user", turn.prompt)]
         usage: dict[str, int | float] = {}
         await emit(Progress("status", f"asking {client.name} ({opts.model})", {"path": "new"}))
@@ -306,7 +306,7 @@ class ProviderRuntime:
             if round_ == opts.tool_rounds:
                 break
             for call in gen.tool_calls:
-                text, is_error = call_tool(call, turn.env)
+                text, is_error = call_tool(call, plane, turn.env)
                 await emit(
                     Progress(
                         "status",

@@ -11,7 +11,8 @@ The file is ``$XDG_CONFIG_HOME/melchior/config.toml`` (default ``~/.config``)::
 The per-project override lives in the user's config directory, not in the working
 tree, on purpose: the agents behind the walls edit the working tree, and a wall an
 agent can move by writing a file is not a wall. A value outside instance|run|project
-is an error, not a default, so nothing ever widens past the project by accident.
+is an error, not a default, so nothing ever widens past the project by accident. The
+file's path and :class:`ConfigError` are :mod:`melchior.configfile`'s (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,19 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from melchior.configfile import ConfigError as ConfigError
+from melchior.configfile import config_path
 from melchior.policy.walls import TALK_VALUES, Talk
 
 DEFAULT_TALK: Talk = "instance"
-
-
-class ConfigError(ValueError):
-    """The config file cannot be read or says something that is not allowed."""
-
-
-def config_path(env: Mapping[str, str]) -> Path:
-    from melchior.files import xdg
-
-    return xdg("config", env) / "melchior" / "config.toml"
 
 
 def _talk_in(table: Any, where: str, path: Path) -> Talk | None:
@@ -52,12 +45,12 @@ def _talk_in(table: Any, where: str, path: Path) -> Talk | None:
 def parse_talk(text: str, project: str, path: Path) -> Talk:
     """``melchior.talk`` for ``project`` from a config file's text."""
     # Imported here: most runs have no config file, and the tool is exec'd per request.
-    import tomllib
+    from melchior import tomlfile
 
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        data = tomlfile.loads(text, str(path))
+    except tomlfile.TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     section = data.get("melchior", {})
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: 'melchior' must be a table")

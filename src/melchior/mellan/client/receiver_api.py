@@ -30,6 +30,7 @@ from urllib.parse import quote
 import httpx
 
 from melchior.mellan import transport
+from melchior.mellan.client.errors import refusal
 from melchior.mellan.client.leases import ClaimedTask, MalformedLease, Route, claimed
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.rawjson import decode, encode
@@ -87,13 +88,12 @@ def _decoded(response: httpx.Response) -> Any:
 
 
 def refused(response: httpx.Response, data: Any) -> ReceiverError:
-    """The relay's refusal (its ``error.code`` and ``reason``) as a :class:`ReceiverError`."""
-    error = data.get("error", {}) if isinstance(data, dict) else {}
-    return ReceiverError(
-        response.status_code,
-        str(error.get("code", "http-error")),
-        str(error.get("reason", response.text[:200] or response.reason_phrase)),
-    )
+    """The relay's refusal (its ``error.code`` and ``reason``) as a :class:`ReceiverError`,
+    read by the one decoder every relay client uses (:func:`.errors.refusal`)."""
+    found = refusal(response.status_code, response.content, response.headers)
+    if found.said:
+        return ReceiverError(response.status_code, found.code, found.sentence)
+    return ReceiverError(response.status_code, "http-error", found.sentence)
 
 
 def answer(response: httpx.Response) -> Any:

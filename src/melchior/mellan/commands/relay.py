@@ -75,13 +75,9 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     action = getattr(ns, "action", None)
     if action == "backup":
-        from melchior.mellan.relay.backup import backup_command
-
-        return backup_command(resolved["database"], ns.path)
+        return _backup(resolved["database"], ns.path)
     if action == "migrate":
-        from melchior.mellan.relay.store.transfer import migrate_command
-
-        return migrate_command(ns.source or resolved["database"], ns.to)
+        return _migrate(ns.source or resolved["database"], ns.to)
     if ns.print_config:
         print(settings.print_config(resolved, as_json=bool(resolved["json"])))
         return 0
@@ -118,3 +114,34 @@ def run(ns: argparse.Namespace) -> int:
             ),
         )
     )
+
+
+def _backup(database: str | None, target: Path) -> int:
+    from melchior.mellan.relay.backup import BackupError, backup, sqlite_path
+
+    try:
+        source = sqlite_path(database)
+        pages = backup(source, target)
+    except BackupError as exc:
+        print(f"mellan relay backup: {exc}", file=sys.stderr)
+        return 1
+    print(f"mellan relay backup: {source} copied to {target} ({pages} pages, consistent)",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _migrate(source: str | None, target: str) -> int:
+    from melchior.mellan.relay.store.dburl import redact
+    from melchior.mellan.relay.store.transfer import MigrateError, migrate
+
+    try:
+        counts = migrate(source, target)
+    except MigrateError as exc:
+        print(f"mellan relay migrate: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a database error mid-copy: the transaction rolled back
+        print(f"mellan relay migrate: failed, nothing was committed: {exc}", file=sys.stderr)
+        return 1
+    total = sum(counts.values())
+    print(f"mellan relay migrate: {total} rows copied from {redact(source)} to {redact(target)}")
+    return 0

@@ -362,7 +362,7 @@ def _credential(
 ) -> tuple[str, str | None, str, dict[str, str]]:
     """(token, relay from the credential file if any, a name for this receiver, the TLS
     files ``mellan join --ca-file`` stored with it)."""
-    from melchior.mellan.commands._common import agent_file
+    from melchior.mellan.credentials import agent_file
 
     path_text = _text(data, "credential", "")
     agent = _text(data, "agent", "")

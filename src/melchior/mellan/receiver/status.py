@@ -160,7 +160,7 @@ def _ago(seconds: float) -> str:
 
 def render(state: dict[str, Any], is_alive: bool, out: TextIO = sys.stdout) -> None:
     """The status as plain text: whether it runs, then one line per running task."""
-    from melchior.mellan.commands._common import table
+    from melchior.mellan.table import table
 
     if not is_alive:
         head = (

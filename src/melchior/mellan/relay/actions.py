@@ -4,7 +4,7 @@ The control API (JSON, :mod:`.control`) and the dashboard (forms, :mod:`.dashboa
 their inputs each in their own way, then call these: the same validation, the same policy
 decisions (:func:`melchior.policy.grants.may_grant`, :mod:`melchior.policy.visibility`),
 the same audit records written in the transaction of the change (``record=``), and the
-same refusals — an :class:`~melchior.mellan.relay.http.ApiError` naming its rule, which
+same refusals — an :class:`~melchior.mellan.relay.refusals.ApiError` naming its rule, which
 each door renders its own way (a JSON error body, a message on the page).
 """
 

@@ -141,7 +141,7 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     from melchior.mellan.relay import a2a, control, receiver_api, taskroutes, wakeconfig
     from melchior.mellan.relay.a2a import paths
     from melchior.mellan.relay.dashboard import PREFIX, create_dashboard
-    from melchior.mellan.relay.http import HANDLERS
+    from melchior.mellan.relay.refusals import HANDLERS
 
     api = Starlette(
         routes=control.routes()

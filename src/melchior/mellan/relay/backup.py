@@ -1,4 +1,4 @@
-"""``mellan relay backup PATH``: a consistent copy of a running relay's SQLite database.
+"""A consistent copy of a running relay's SQLite database (``mellan relay backup PATH``).
 
 SQLite's online backup API copies the database from one read snapshot. The relay runs in
 WAL mode, where a reader never blocks the writer, so the copy is taken in a single step:
@@ -8,7 +8,8 @@ a steady load it might never finish.) Unlike ``cp`` of a live database with its 
 file beside it, the result is always a usable database; it is checked before it counts.
 The copy is written to a hidden temporary file next to PATH and renamed into place only
 when complete and checked, so PATH is never a half-written file.
-PostgreSQL is backed up with its own tools (``pg_dump``; docs/operations.md).
+PostgreSQL is backed up with its own tools (``pg_dump``; docs/operations.md). The command
+itself (its messages, exit codes) is :mod:`melchior.mellan.commands.relay`'s.
 """
 
 from __future__ import annotations
@@ -90,15 +91,3 @@ def backup(source: Path, target: Path, err: TextIO = sys.stderr) -> int:
     dst.close()
     os.replace(partial, target)
     return pages
-
-
-def backup_command(database: str | None, target: Path) -> int:
-    try:
-        source = sqlite_path(database)
-        pages = backup(source, target)
-    except BackupError as exc:
-        print(f"mellan relay backup: {exc}", file=sys.stderr)
-        return 1
-    print(f"mellan relay backup: {source} copied to {target} ({pages} pages, consistent)",
-          file=sys.stderr)  # fmt: skip
-    return 0

@@ -7,7 +7,7 @@ that does not exist, so a credential cannot probe another agent's inventory. Not
 crosses workspaces: every store call is scoped by the credential's workspace.
 
 Every decision (allowed or refused) is appended to the audit log with its rule and reason.
-Errors are ``{"error": {"code", "reason"}}`` (see :mod:`melchior.mellan.relay.http`).
+Errors are ``{"error": {"code", "reason"}}`` (see :mod:`melchior.mellan.relay.refusals`).
 The changes themselves (validation, policy, audit) are :mod:`melchior.mellan.relay.actions`,
 shared with the dashboard; these handlers read JSON and answer JSON.
 """

@@ -4,7 +4,8 @@ A receiver long-polling for work and a caller streaming a task wait on a topic;
 whoever changes the store publishes it. A missed or duplicated wake-up costs only
 latency, because every waiter re-reads the store when it wakes and also on a
 timer. On one process an in-memory hub is enough; several replicas on PostgreSQL
-use LISTEN/NOTIFY behind the same interface.
+use LISTEN/NOTIFY behind the same interface. The topics' names are :mod:`.topics`'s
+(below the store, which publishes them), re-exported here for the waiters.
 """
 
 from __future__ import annotations
@@ -13,23 +14,16 @@ import asyncio
 from collections import defaultdict
 from typing import Protocol
 
+from melchior.mellan.relay.topics import PUSH_TOPIC, audit_topic, receiver_topic, task_topic
 
-def receiver_topic(workspace: str, agent_id: str) -> str:
-    return f"receiver:{workspace}/{agent_id}"
-
-
-def task_topic(task_id: str) -> str:
-    return f"task:{task_id}"
-
-
-PUSH_TOPIC = "push"
-"""Woken after any commit that changed a task (whose push configs, if any, got outbox rows
-in that commit) or made a push row due: the replica's deliverer looks at the outbox."""
-
-
-def audit_topic(workspace: str) -> str:
-    """Woken whenever a workspace's audit log grows (``mellan audit --follow`` waits here)."""
-    return f"audit:{workspace}"
+__all__ = [
+    "PUSH_TOPIC",
+    "LocalNotifier",
+    "Notifier",
+    "audit_topic",
+    "receiver_topic",
+    "task_topic",
+]
 
 
 class Notifier(Protocol):

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from melchior.mellan.rawjson import decode, encode, whole
-from melchior.mellan.relay.http import ApiError
+from melchior.mellan.relay.refusals import ApiError
 from melchior.mellan.relay.store.base import Agent, Principal, StoreError
 from melchior.policy.presence import SEEN_EVERY, receiver_online
 

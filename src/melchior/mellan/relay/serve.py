@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import h11
 import uvicorn
@@ -41,8 +41,9 @@ from melchior.mellan.relay.limits import SendLimits
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
 from melchior.mellan.relay.observe import configure_logging
-from melchior.mellan.relay.store import default_sqlite_path, is_postgres, open_store
+from melchior.mellan.relay.store import is_postgres, open_store
 from melchior.mellan.relay.store.base import CredentialKind, Record, Store
+from melchior.mellan.relay.store.dburl import redact
 from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_tls
 from melchior.policy.outbound import loopback
 from melchior.policy.send_limits import DEFAULTS, Limits
@@ -82,22 +83,6 @@ class RelayOptions:
 
 def data_dir() -> Path:
     return xdg("data") / "mellan"
-
-
-def redact(url: str | None) -> str:
-    """A database URL fit for a status line: no password."""
-    if url is None:  # sqlite:// + an absolute path: sqlite:///home/…
-        return f"sqlite://{default_sqlite_path().resolve()}"
-    if "://" not in url:
-        return f"sqlite://{Path(url).resolve()}"
-    parts = urlsplit(url)
-    if parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        netloc = f"{parts.username}:***@{host}" if parts.username else host
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def bootstrap(

@@ -109,7 +109,7 @@ def _at_least_one(v: int) -> str | None:
 
 
 def _mask_database(v: Any) -> str:
-    from melchior.mellan.relay.serve import redact
+    from melchior.mellan.relay.store.dburl import redact
 
     return redact(None if v is None else str(v))
 

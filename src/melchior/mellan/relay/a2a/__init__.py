@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from melchior.mellan.relay.a2a import cards, errors, jsonrpc, paths, rest
 from melchior.mellan.relay.context import Relay
-from melchior.mellan.relay.http import client_gone
+from melchior.mellan.relay.refusals import client_gone
 from melchior.mellan.relay.store.base import StoreError
 
 

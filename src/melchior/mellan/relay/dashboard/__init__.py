@@ -34,7 +34,7 @@ from melchior.mellan.relay.dashboard import live, pages, render, routing, signin
 from melchior.mellan.relay.dashboard.guard import change, view
 from melchior.mellan.relay.dashboard.headers import SecurityHeaders
 from melchior.mellan.relay.dashboard.sessions import Refused, Settings
-from melchior.mellan.relay.http import ApiError, client_gone, unavailable_reason
+from melchior.mellan.relay.refusals import ApiError, client_gone, unavailable_reason
 from melchior.mellan.relay.store.base import Conflict, NotFoundError, StoreError, StoreUnavailable
 
 PREFIX = "/ui"

@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl
 from starlette.requests import Request
 
 from melchior.mellan.relay.body import BodyError, media_type, read_bytes
-from melchior.mellan.relay.http import ApiError
+from melchior.mellan.relay.refusals import ApiError
 
 FORM_LIMIT = 64 * 1024
 MAX_FIELDS = 300

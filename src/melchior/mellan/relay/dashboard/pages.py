@@ -25,7 +25,7 @@ from melchior.mellan.relay.dashboard import pictures, render, sessions, timeline
 from melchior.mellan.relay.dashboard.forms import Form
 from melchior.mellan.relay.dashboard.guard import relay_of
 from melchior.mellan.relay.dashboard.sessions import Owner
-from melchior.mellan.relay.http import ApiError
+from melchior.mellan.relay.refusals import ApiError
 from melchior.mellan.relay.store.base import (
     Activity,
     Agent,

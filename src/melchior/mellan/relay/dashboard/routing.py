@@ -20,7 +20,7 @@ from melchior.mellan.relay.dashboard.forms import Form
 from melchior.mellan.relay.dashboard.guard import relay_of
 from melchior.mellan.relay.dashboard.pages import _error, _page, _read, _store, done, refused
 from melchior.mellan.relay.dashboard.sessions import Owner
-from melchior.mellan.relay.http import ApiError
+from melchior.mellan.relay.refusals import ApiError
 from melchior.mellan.relay.store.base import Route, RouteState
 
 REVOKED_SHOWN = 50

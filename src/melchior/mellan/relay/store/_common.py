@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from melchior.mellan.relay.notify import PUSH_TOPIC
 from melchior.mellan.relay.requestid import current as current_request_id
 from melchior.mellan.relay.store.base import (
     Agent,
@@ -32,6 +31,7 @@ from melchior.mellan.relay.store.base import (
     TaskTurn,
     Verdict,
 )
+from melchior.mellan.relay.topics import PUSH_TOPIC
 from melchior.policy.send_limits import Overrides
 
 

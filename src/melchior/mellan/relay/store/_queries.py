@@ -2,9 +2,10 @@
 
 The two backends wrote these lookups twice, differing only in ``?`` against ``%s``; a fix
 to one (a filter, an ordering) could silently miss the other. They live here once, built
-with the backend's placeholder ``P`` and run through its own ``_read``. The queue
-statements whose SQL genuinely differs (claims, leases, group commit) stay in each
-backend, where the queue rules are enforced.
+with the backend's placeholder ``P`` and run through its own ``_read``. Writes that are
+alike but for the placeholder are :mod:`._statements`'. The queue statements whose SQL
+genuinely differs (claims, leases, group commit) stay in each backend, where the queue
+rules are enforced.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ Refused, with the reason: ``sqlite://`` with a relative path (``sqlite://relay.d
 reads as a host name), an SQLite URL with a query or fragment (no options are read from
 it, so none may seem to be), an empty path, a NUL byte, and any other scheme.
 
+:func:`redact` is the form a URL is shown in (status lines, ``--print-config``,
+``migrate``'s summary): no password.
+
 Pure: no file is opened.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 SCHEMES = "sqlite:///PATH, postgresql://… or a file path"
 
@@ -50,6 +54,22 @@ def default_sqlite_path() -> Path:
     from melchior.files import xdg
 
     return xdg("data") / "mellan" / "relay.db"
+
+
+def redact(url: str | None) -> str:
+    """A database URL fit for a status line: no password."""
+    if url is None:  # sqlite:// + an absolute path: sqlite:///home/…
+        return f"sqlite://{default_sqlite_path().resolve()}"
+    if "://" not in url:
+        return f"sqlite://{Path(url).resolve()}"
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        netloc = f"{parts.username}:***@{host}" if parts.username else host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
 
 
 def is_postgres(url: str | None) -> bool:

@@ -29,7 +29,6 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from melchior.mellan.relay.notify import PUSH_TOPIC
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store.base import (
     Conflict,
@@ -42,6 +41,7 @@ from melchior.mellan.relay.store.base import (
     Record,
     TaskState,
 )
+from melchior.mellan.relay.topics import PUSH_TOPIC
 
 T = TypeVar("T")
 Row = C.RowLike

@@ -32,9 +32,9 @@ from psycopg import errors as pgerr
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from melchior.mellan.relay.notify import audit_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
+from melchior.mellan.relay.store._statements import POSTGRES
 from melchior.mellan.relay.store.base import (
     Chained,
     NewPush,
@@ -46,6 +46,7 @@ from melchior.mellan.relay.store.base import (
     Verdict,
 )
 from melchior.mellan.relay.store.queue import QueueStore, Tx
+from melchior.mellan.relay.topics import audit_topic, task_topic
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -293,12 +294,7 @@ class _Tx:
         )
 
     def archive_turn(self, task_id: str) -> None:
-        self.run(
-            "INSERT INTO task_turn (task_id, turn, payload, state, result, error, epoch,"
-            " finished_at) SELECT id, turn, payload, state, result, error, lease_epoch,"
-            " finished_at FROM task WHERE id = %s",
-            (task_id,),
-        )
+        self.run(POSTGRES.archive_turn, (task_id,))
 
     def next_turn(self, task_id: str, payload: str, chain: str, hop: int, path: str) -> Row | None:
         return self.one(
@@ -311,9 +307,7 @@ class _Tx:
         )
 
     def finished_turn(self, task_id: str, epoch: int) -> Row | None:
-        return self.one(
-            "SELECT state FROM task_turn WHERE task_id = %s AND epoch = %s", (task_id, epoch)
-        )
+        return self.one(POSTGRES.finished_turn, (task_id, epoch))
 
     def task_by_message(self, workspace: str, caller: str, message_id: str | None) -> Row | None:
         return self.one(
@@ -504,10 +498,7 @@ class _Tx:
         )
 
     def delete_session(self, id_hash: str) -> Row | None:
-        return self.one(
-            "DELETE FROM dashboard_session WHERE id_hash = %s RETURNING workspace, credential_id",
-            (id_hash,),
-        )
+        return self.one(POSTGRES.delete_session, (id_hash,))
 
     def delete_expired_sessions(self, limit: int) -> int:
         return self.run(
@@ -566,8 +557,7 @@ class _Tx:
         )
 
     def approved_routes(self, workspace: str, agent: str) -> list[Row]:
-        sql = "SELECT * FROM task_route WHERE workspace = %s AND agent = %s AND state = 'approved'"
-        return self.all(sql, (workspace, agent))
+        return self.all(POSTGRES.approved_routes, (workspace, agent))
 
     def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
         return (
@@ -582,11 +572,7 @@ class _Tx:
     def set_wake(
         self, workspace: str, agent: str, url: str | None, secret: str | None
     ) -> Row | None:
-        return self.one(
-            "UPDATE agent SET wake_url = %s, wake_secret = COALESCE(%s, wake_secret)"
-            " WHERE workspace = %s AND id = %s RETURNING wake_url, wake_secret",
-            (url, secret, workspace, agent),
-        )
+        return self.one(POSTGRES.set_wake, (url, secret, workspace, agent))
 
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
     def task_mark(self, workspace: str, task_id: str) -> Row | None:
@@ -598,7 +584,7 @@ class _Tx:
         )
 
     def push_config_count(self, task_id: str) -> int:
-        row = self.one("SELECT COUNT(*) AS n FROM push_config WHERE task_id = %s", (task_id,))
+        row = self.one(POSTGRES.push_config_count, (task_id,))
         return int(row["n"]) if row else 0
 
     def push_config_exists(self, task_id: str, config_id: str) -> bool:
@@ -639,8 +625,7 @@ class _Tx:
         )
 
     def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
-        sql = "DELETE FROM push_config WHERE workspace = %s AND task_id = %s AND id = %s"
-        return self.run(sql, (workspace, task_id, config_id)) == 1
+        return self.run(POSTGRES.delete_push_config, (workspace, task_id, config_id)) == 1
 
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[Row]:
         """Candidates ``FOR UPDATE SKIP LOCKED``: deliverers on several replicas never wait
@@ -661,8 +646,7 @@ class _Tx:
         )
 
     def push_config_row(self, task_id: str, config_id: str) -> Row | None:
-        sql = "SELECT * FROM push_config WHERE task_id = %s AND id = %s"
-        return self.one(sql, (task_id, config_id))
+        return self.one(POSTGRES.push_config_row, (task_id, config_id))
 
     def push_before(self, task_id: str, config_id: str, row_id: int) -> Row | None:
         return self.one(
@@ -676,21 +660,18 @@ class _Tx:
     ) -> str | None:
         keep = "" if replace else " AND push_secret IS NULL"
         self.run(
-            f"UPDATE agent SET push_secret = %s WHERE workspace = %s AND id = %s{keep}",
+            POSTGRES.set_push_secret + keep,
             (fresh, workspace, agent),
         )
-        row = self.one(
-            "SELECT push_secret FROM agent WHERE workspace = %s AND id = %s", (workspace, agent)
-        )
+        row = self.one(POSTGRES.push_secret, (workspace, agent))
         return None if row is None else str(row["push_secret"])
 
     def workspace_push_private(self, workspace: str) -> bool:
-        row = self.one("SELECT push_allow_private FROM workspace WHERE name = %s", (workspace,))
+        row = self.one(POSTGRES.workspace_push_private, (workspace,))
         return bool(row and row["push_allow_private"])
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
-        sql = "UPDATE workspace SET push_allow_private = %s WHERE name = %s"
-        return self.run(sql, (allowed, workspace)) == 1
+        return self.run(POSTGRES.set_workspace_push_private, (allowed, workspace)) == 1
 
     def push_sent(self, row_id: int, owner: str, sent: int) -> bool:
         return (

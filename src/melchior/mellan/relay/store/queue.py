@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from melchior.mellan.relay.notify import audit_topic, receiver_topic, task_topic
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store._queries import ReadQueries
 from melchior.mellan.relay.store.base import (
@@ -55,6 +54,7 @@ from melchior.mellan.relay.store.base import (
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.retention import Retention, RetentionTx
 from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
+from melchior.mellan.relay.topics import audit_topic, receiver_topic, task_topic
 from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
 T = TypeVar("T")

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
+from melchior.mellan.relay.store._statements import SQLITE
 from melchior.mellan.relay.store.base import (
     Chained,
     NewPush,
@@ -254,12 +255,7 @@ class _Tx:
         )
 
     def archive_turn(self, task_id: str) -> None:
-        self.run(
-            "INSERT INTO task_turn (task_id, turn, payload, state, result, error, epoch,"
-            " finished_at) SELECT id, turn, payload, state, result, error, lease_epoch,"
-            " finished_at FROM task WHERE id = ?",
-            (task_id,),
-        )
+        self.run(SQLITE.archive_turn, (task_id,))
 
     def next_turn(
         self, task_id: str, payload: str, chain: str, hop: int, path: str
@@ -275,9 +271,7 @@ class _Tx:
         )  # fmt: skip
 
     def finished_turn(self, task_id: str, epoch: int) -> sqlite3.Row | None:
-        return self.one(
-            "SELECT state FROM task_turn WHERE task_id = ? AND epoch = ?", (task_id, epoch)
-        )
+        return self.one(SQLITE.finished_turn, (task_id, epoch))
 
     def task_by_message(
         self, workspace: str, caller: str, message_id: str | None
@@ -456,10 +450,7 @@ class _Tx:
         )
 
     def delete_session(self, id_hash: str) -> sqlite3.Row | None:
-        return self.one(
-            "DELETE FROM dashboard_session WHERE id_hash = ? RETURNING workspace, credential_id",
-            (id_hash,),
-        )
+        return self.one(SQLITE.delete_session, (id_hash,))
 
     def delete_expired_sessions(self, limit: int) -> int:
         return self.run(
@@ -522,8 +513,7 @@ class _Tx:
         )
 
     def approved_routes(self, workspace: str, agent: str) -> list[sqlite3.Row]:
-        sql = "SELECT * FROM task_route WHERE workspace = ? AND agent = ? AND state = 'approved'"
-        return self.all(sql, (workspace, agent))
+        return self.all(SQLITE.approved_routes, (workspace, agent))
 
     def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
         return (
@@ -538,11 +528,7 @@ class _Tx:
     def set_wake(
         self, workspace: str, agent: str, url: str | None, secret: str | None
     ) -> sqlite3.Row | None:
-        return self.one(
-            "UPDATE agent SET wake_url = ?, wake_secret = COALESCE(?, wake_secret)"
-            " WHERE workspace = ? AND id = ? RETURNING wake_url, wake_secret",
-            (url, secret, workspace, agent),
-        )
+        return self.one(SQLITE.set_wake, (url, secret, workspace, agent))
 
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
     def task_mark(self, workspace: str, task_id: str) -> sqlite3.Row | None:
@@ -553,7 +539,7 @@ class _Tx:
         )
 
     def push_config_count(self, task_id: str) -> int:
-        row = self.one("SELECT COUNT(*) AS n FROM push_config WHERE task_id = ?", (task_id,))
+        row = self.one(SQLITE.push_config_count, (task_id,))
         return int(row["n"]) if row else 0
 
     def push_config_exists(self, task_id: str, config_id: str) -> bool:
@@ -594,8 +580,7 @@ class _Tx:
         )
 
     def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
-        sql = "DELETE FROM push_config WHERE workspace = ? AND task_id = ? AND id = ?"
-        return self.run(sql, (workspace, task_id, config_id)) == 1
+        return self.run(SQLITE.delete_push_config, (workspace, task_id, config_id)) == 1
 
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[sqlite3.Row]:
         return self.all(
@@ -612,8 +597,7 @@ class _Tx:
         )
 
     def push_config_row(self, task_id: str, config_id: str) -> sqlite3.Row | None:
-        sql = "SELECT * FROM push_config WHERE task_id = ? AND id = ?"
-        return self.one(sql, (task_id, config_id))
+        return self.one(SQLITE.push_config_row, (task_id, config_id))
 
     def push_before(self, task_id: str, config_id: str, row_id: int) -> sqlite3.Row | None:
         return self.one(
@@ -627,21 +611,18 @@ class _Tx:
     ) -> str | None:
         keep = "" if replace else " AND push_secret IS NULL"
         self.run(
-            f"UPDATE agent SET push_secret = ? WHERE workspace = ? AND id = ?{keep}",
+            SQLITE.set_push_secret + keep,
             (fresh, workspace, agent),
         )
-        row = self.one(
-            "SELECT push_secret FROM agent WHERE workspace = ? AND id = ?", (workspace, agent)
-        )
+        row = self.one(SQLITE.push_secret, (workspace, agent))
         return None if row is None else str(row["push_secret"])
 
     def workspace_push_private(self, workspace: str) -> bool:
-        row = self.one("SELECT push_allow_private FROM workspace WHERE name = ?", (workspace,))
+        row = self.one(SQLITE.workspace_push_private, (workspace,))
         return bool(row and row["push_allow_private"])
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
-        sql = "UPDATE workspace SET push_allow_private = ? WHERE name = ?"
-        return self.run(sql, (int(allowed), workspace)) == 1
+        return self.run(SQLITE.set_workspace_push_private, (int(allowed), workspace)) == 1
 
     def push_sent(self, row_id: int, owner: str, sent: int) -> bool:
         return (

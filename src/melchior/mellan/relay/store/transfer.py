@@ -1,4 +1,4 @@
-"""``mellan relay migrate``: copy a relay's whole database into an empty PostgreSQL one.
+"""Copy a relay's whole database into an empty PostgreSQL one (``mellan relay migrate``).
 
 The move from one machine (SQLite) to several replicas (PostgreSQL). The source is read
 in one snapshot; the target is brought to the current schema by the same migrations a
@@ -14,7 +14,8 @@ every copied event, and the copy must be the source, not the source plus side ef
 
 :data:`TABLES` is the one list of what a database holds, in an order that satisfies
 foreign keys; a test compares it with the tables the migrations create, so a new table
-cannot be left behind.
+cannot be left behind. The command itself (its messages, exit codes) is
+:mod:`melchior.mellan.commands.relay`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from melchior.mellan.relay.store import is_postgres, open_store
-from melchior.mellan.relay.store.dburl import sqlite_uri
+from melchior.mellan.relay.store.dburl import DatabaseURLError, parse, sqlite_uri
 
 TABLES: tuple[str, ...] = (
     "workspace",
@@ -59,12 +60,12 @@ class MigrateError(Exception):
 
 
 def _sqlite_path(url: str | None) -> str:
-    from melchior.mellan.relay.backup import BackupError, sqlite_path
-
     try:
-        return str(sqlite_path(url))
-    except BackupError as exc:  # pragma: no cover - is_postgres was checked by the caller
+        database = parse(url)
+    except DatabaseURLError as exc:
         raise MigrateError(str(exc)) from None
+    assert database.path is not None  # is_postgres was checked by the caller
+    return str(database.path)
 
 
 class _Source:
@@ -254,19 +255,3 @@ def migrate(source_url: str | None, target_url: str, err: TextIO = sys.stderr) -
                 raise MigrateError(f"row counts differ after the copy (source, target): {wrong}")
         say("verified: every table has the source's row count; committed")
         return copied
-
-
-def migrate_command(source: str | None, target: str) -> int:
-    from melchior.mellan.relay.serve import redact
-
-    try:
-        counts = migrate(source, target)
-    except MigrateError as exc:
-        print(f"mellan relay migrate: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # a database error mid-copy: the transaction rolled back
-        print(f"mellan relay migrate: failed, nothing was committed: {exc}", file=sys.stderr)
-        return 1
-    total = sum(counts.values())
-    print(f"mellan relay migrate: {total} rows copied from {redact(source)} to {redact(target)}")
-    return 0

@@ -1,0 +1,607 @@
+"""The relay client: an agent calling other agents through the relay's A2A entry.
+
+:class:`RelayClient` (sync, over ``httpx.Client``) and :class:`AsyncRelayClient` (async,
+over ``httpx.AsyncClient``) speak A2A 1.0 HTTP+JSON to ``{relay}/a2a/{workspace}/{agent}``
+(docs/a2a.md) with one agent credential: ``whoami``, ``send`` (return at once, or
+``wait=True`` for the end), ``stream`` (a new task's events as they happen),
+``subscribe`` (an existing task's), ``get``, ``list`` and ``cancel``. Answers are typed
+views (:mod:`.views`) and the project's :class:`~melchior.envelope.Receipt`; every
+refusal, failure and unusable answer is one exception,
+:class:`~melchior.mellan.client.errors.RelayError`, decoded in one place.
+
+What a hostile or broken server can do to a caller is bounded:
+
+- an answer is read up to ``max_answer`` bytes (a larger one is refused, naming the
+  limit; a declared ``Content-Length`` over it is refused before reading), within a
+  ``timeout`` per call; a stream's events are parsed by the one SSE parser
+  (:mod:`melchior.sse`: bytes, capped lines and events, strict UTF-8), and a
+  stream that says nothing (not even its keepalive comment) for ``stream_idle`` seconds
+  is broken off;
+- a relay URL or TLS setting the transport rules refuse (a token over plain HTTP to
+  another machine, a CA file that does not load) raises
+  :class:`~melchior.mellan.transport.TransportError` when the client is made;
+- JSON is read exactly and strictly (:mod:`melchior.mellan.rawjson`: no NaN, no
+  duplicate keys, numbers kept as written and never converted, so a ``1e999999999``
+  costs nothing), then checked (no lone surrogates, bounded nesting) before a view is
+  built; a view refuses ids and states that are not strings.
+
+The transport rules are :mod:`melchior.mellan.transport`'s: certificates verified, and
+no credential over plain HTTP to a host that is not loopback. Which credential to use
+is :mod:`melchior.mellan.credentials`' rule (:meth:`RelayClient.from_credentials`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+
+from melchior.mellan import credentials, transport
+from melchior.mellan.client.errors import (
+    BAD_ANSWER,
+    BAD_ARGS,
+    UNREACHABLE,
+    UNTRUSTED,
+    RelayError,
+    refusal,
+    stream_refusal,
+)
+from melchior.mellan.client.views import ENDS, Identity, TaskEvent, TaskPage, TaskView
+from melchior.mellan.rawjson import JSONTextError, check_request, decode, encode
+from melchior.mellan.transport import ClientTls
+from melchior.sse import SSEDecoder, SSEError, SSEEvent
+
+MAX_ANSWER = 16 * 1024 * 1024
+"""Bytes of one answer (or one stream event) read before it is refused."""
+TIMEOUT = 30.0
+"""Seconds for one call: connecting, and between any two reads of its answer."""
+STREAM_IDLE = 60.0
+"""Seconds a stream may say nothing; the relay sends a keepalive every 15 s."""
+MAX_AGENT_ID = 256
+
+_HEADERS = {"A2A-Version": "1.0", "Accept": "application/json"}
+
+OnEvent = Callable[[TaskEvent], None]
+AsyncOnEvent = Callable[[TaskEvent], Awaitable[None]]
+
+
+def _bad(what: str) -> RelayError:
+    return RelayError(f"the relay's answer is not usable: {what}", code=BAD_ANSWER, said=False)
+
+
+def _json(content: bytes, what: str) -> Any:
+    """Strict, exact JSON that is fit to carry (no lone surrogates, bounded nesting)."""
+    try:
+        value = decode(content)
+        check_request(value)
+    except UnicodeDecodeError:
+        raise _bad(f"{what} is not UTF-8") from None
+    except JSONTextError as exc:
+        raise _bad(f"{what}: {exc}") from None
+    except ValueError as exc:
+        raise _bad(f"{what} is not JSON ({exc})") from None
+    except RecursionError:  # nested past what the parser can follow: refused, not a crash
+        raise _bad(f"{what} is nested too deeply") from None
+    return value
+
+
+def _too_big(limit: int) -> RelayError:
+    return _bad(f"the answer exceeds {limit} bytes")
+
+
+def _declared_over(response: httpx.Response, limit: int) -> bool:
+    length = response.headers.get("content-length", "")
+    return length.isascii() and length.isdigit() and (len(length) > 15 or int(length) > limit)
+
+
+def _event(ev: SSEEvent) -> TaskEvent:
+    raw = _json(ev.data.encode("utf-8", "surrogatepass"), "a stream event")
+    if ev.event == "error" or (isinstance(raw, dict) and "error" in raw):
+        raise stream_refusal(raw, ev.data)
+    return TaskEvent.of(raw, ev.data)
+
+
+class _Calls:
+    """What both clients share: the URLs, the bodies, how answers become views."""
+
+    def __init__(
+        self,
+        relay: str,
+        token: str,
+        *,
+        workspace: str | None = None,
+        tls: ClientTls | None = None,
+        timeout: float = TIMEOUT,
+        stream_idle: float = STREAM_IDLE,
+        max_answer: int = MAX_ANSWER,
+    ) -> None:
+        self.relay = relay.rstrip("/")
+        self.token = token
+        self.tls = tls
+        self.timeout = timeout
+        self.stream_idle = stream_idle
+        self.max_answer = max_answer
+        self._workspace = workspace
+        self._identity: Identity | None = None
+        self.http = self._connect(self._options())
+
+    def _connect(self, options: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def from_credentials(
+        cls,
+        *,
+        as_agent: str | None = None,
+        relay: str | None = None,
+        ca_file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> Self:
+        """The agent credential :func:`melchior.mellan.credentials.agent_credential`
+        picks (raises :class:`~melchior.mellan.credentials.CredentialError`)."""
+        found = credentials.agent_credential(
+            as_agent=as_agent, relay=relay, ca_file=ca_file, environ=environ
+        )
+        return cls(found.relay, found.token, workspace=found.workspace, tls=found.tls, **options)
+
+    def _limit(self, response: httpx.Response) -> bytearray:
+        """A buffer for an answer, refused at once when it says it is over the limit."""
+        if _declared_over(response, self.max_answer):
+            raise _too_big(self.max_answer)
+        return bytearray()
+
+    def _more(self, got: bytearray, chunk: bytes) -> None:
+        got += chunk
+        if len(got) > self.max_answer:
+            raise _too_big(self.max_answer)
+
+    @staticmethod
+    def _request(body: Any) -> tuple[bytes | None, dict[str, str] | None]:
+        if body is None:
+            return None, None
+        return encode(body).encode("utf-8"), {"Content-Type": "application/json"}
+
+    @staticmethod
+    def _answer(r: httpx.Response, data: bytes, where: str) -> tuple[Any, str]:
+        """A whole answer: decoded with its exact text, or the refusal it is."""
+        if not r.is_success:
+            raise refusal(r.status_code, data, r.headers, where)
+        text = data.decode("utf-8", "replace")
+        return (_json(data, f"the answer to {where}") if data else {}), text
+
+    def _stream_request(self, body: Any) -> dict[str, Any]:
+        return {
+            "content": encode(body).encode("utf-8"),
+            "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
+            "timeout": httpx.Timeout(self.timeout, read=self.stream_idle),
+        }
+
+    def _options(self) -> dict[str, Any]:
+        """The httpx client's options, by the transport's rules: a URL or TLS setting this
+        client will not use raises :class:`~melchior.mellan.transport.TransportError` (a
+        ValueError) before anything is sent — no relay said anything yet."""
+        options = transport.client_options(self.relay, self.token, self.tls)
+        options["headers"] = {**options.get("headers", {}), **_HEADERS}
+        options["timeout"] = httpx.Timeout(self.timeout)
+        return options
+
+    def _unreachable(self, exc: BaseException) -> RelayError:
+        untrusted = transport.untrusted(exc)
+        if untrusted:
+            return RelayError(f"{self.relay}: {untrusted}", code=UNTRUSTED, said=False)
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+            said = f"the relay at {self.relay} did not answer within {self.timeout:g} s"
+        else:
+            said = f"cannot reach the relay at {self.relay}: {exc or type(exc).__name__}"
+        return RelayError(said, code=UNREACHABLE, said=False)
+
+    def _base(self, workspace: str, agent: str) -> str:
+        if (
+            not isinstance(agent, str)
+            or not agent
+            or len(agent) > MAX_AGENT_ID
+            or any(not c.isprintable() or c.isspace() for c in agent)
+        ):
+            raise RelayError(f"{agent!r} is not an agent id", code=BAD_ARGS, said=False)
+        return f"{self.relay}/a2a/{quote(workspace, safe='')}/{quote(agent, safe='/')}"
+
+    @staticmethod
+    def _task_path(task_id: str, verb: str = "") -> str:
+        if not isinstance(task_id, str) or not task_id:
+            raise RelayError(f"{task_id!r} is not a task id", code=BAD_ARGS, said=False)
+        return f"/tasks/{quote(task_id, safe='')}" + (f":{verb}" if verb else "")
+
+    @staticmethod
+    def message_body(
+        text: str,
+        *,
+        capability: str | None = None,
+        task: str | None = None,
+        context: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A ``SendMessageRequest``: one text part, continuing ``task`` (one that asked for
+        input) or ``context``; ``metadata`` on the message (the hop chain travels there),
+        ``capability`` on the request."""
+        message: dict[str, Any] = {
+            "messageId": secrets.token_hex(16),
+            "role": "ROLE_USER",
+            "parts": [{"text": text}],
+        }
+        if metadata:
+            message["metadata"] = dict(metadata)
+        if task:
+            message["taskId"] = task
+        if context:
+            message["contextId"] = context
+        body: dict[str, Any] = {"message": message}
+        if capability:
+            body["metadata"] = {"capability": capability}
+        return body
+
+    @staticmethod
+    def _sent(answer: Any, text: str) -> TaskView:
+        if not isinstance(answer, dict) or "task" not in answer:
+            raise _bad("SendMessage answered without a task")
+        return TaskView.of(answer["task"], text)
+
+    def _decoder(self) -> SSEDecoder:
+        return SSEDecoder(max_line=self.max_answer, max_event=self.max_answer)
+
+    @staticmethod
+    def _list_params(
+        context: str | None, state: str | None, page_size: int | None, page_token: str | None
+    ) -> dict[str, Any]:
+        given = {"contextId": context, "status": state, "pageSize": page_size,
+                 "pageToken": page_token}  # fmt: skip
+        return {k: v for k, v in given.items() if v is not None}
+
+
+class RelayClient(_Calls):
+    """A synchronous relay client for one agent credential; close it (or use ``with``).
+
+    ``RelayClient(relay, token)`` with the values, or :meth:`from_credentials` by the
+    rule every mellan command follows (``--as``, ``$MELLAN_TOKEN``, the one stored)."""
+
+    http: httpx.Client
+
+    def _connect(self, options: dict[str, Any]) -> httpx.Client:
+        return httpx.Client(**options)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _read(self, r: httpx.Response, deadline: float) -> bytes:
+        got = self._limit(r)
+        for chunk in r.iter_bytes():
+            self._more(got, chunk)
+            if time.monotonic() > deadline:
+                raise RelayError(
+                    f"the relay's answer did not arrive within {self.timeout:g} s",
+                    code=UNREACHABLE, said=False,
+                )  # fmt: skip
+        return bytes(got)
+
+    def _call(
+        self, method: str, url: str, body: Any = None, params: Mapping[str, Any] | None = None
+    ) -> tuple[Any, str]:
+        """One request: the decoded answer and its exact text, or RelayError."""
+        content, headers = self._request(body)
+        deadline = time.monotonic() + 2 * self.timeout
+        try:
+            with self.http.stream(
+                method, url, content=content, headers=headers, params=params
+            ) as r:
+                data = self._read(r, deadline)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        return self._answer(r, data, f"{method} {url}")
+
+    def _events(self, url: str, body: Any) -> Iterator[TaskEvent]:
+        try:
+            with self.http.stream("POST", url, **self._stream_request(body)) as r:
+                if not r.is_success:
+                    data = self._read(r, time.monotonic() + 2 * self.timeout)
+                    self._answer(r, data, f"POST {url}")
+                decoder = self._decoder()
+                try:
+                    for chunk in r.iter_raw():
+                        yield from map(_event, decoder.feed(chunk))
+                    yield from map(_event, decoder.close())
+                except SSEError as exc:
+                    raise _bad(f"the event stream is malformed: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+
+    # -- what a caller does ---------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Whom this credential acts as (read once, then remembered)."""
+        if self._identity is None:
+            data, _ = self._call("GET", self.relay + "/api/whoami")
+            self._identity = Identity.of(data)
+        return self._identity
+
+    def workspace(self) -> str:
+        """The caller's workspace: the credential's, else whoami's."""
+        if self._workspace is None:
+            self._workspace = self.whoami().workspace
+        return self._workspace
+
+    def base(self, agent: str) -> str:
+        """The A2A base URL of ``agent`` in the caller's workspace."""
+        return self._base(self.workspace(), agent)
+
+    def call(self, method: str, path: str) -> Any:
+        """Another read of the relay as this agent (``/api/...`` or an A2A path), decoded;
+        for what the views do not cover (the grant list, an agent card)."""
+        url = path if "://" in path else self.relay + path
+        data, _ = self._call(method, url)
+        return data
+
+    def send(
+        self,
+        agent: str,
+        text: str,
+        *,
+        capability: str | None = None,
+        task: str | None = None,
+        context: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        on_event: OnEvent | None = None,
+    ) -> TaskView:
+        """Send a task: accepted at once (the agent may be offline; it waits queued), or
+        with ``wait`` followed to its end (``on_event`` sees each event on the way)."""
+        body = self.message_body(
+            text, capability=capability, task=task, context=context, metadata=metadata
+        )
+        body["configuration"] = {"returnImmediately": True}
+        answer, raw = self._call("POST", self.base(agent) + "/message:send", body)
+        accepted = self._sent(answer, raw)
+        return self.wait(agent, accepted, on_event=on_event) if wait else accepted
+
+    def wait(
+        self, agent: str, task: TaskView | str, *, on_event: OnEvent | None = None
+    ) -> TaskView:
+        """Follow a task until it completes, fails, is cancelled or asks back
+        (``SubscribeToTask``), then read it whole (``GetTask``)."""
+        view = task if isinstance(task, TaskView) else self.get(agent, task)
+        if not view.done:
+            try:
+                for event in self.subscribe(agent, view.id):
+                    if on_event is not None:
+                        on_event(event)
+                    if event.state in ENDS:
+                        break
+            except RelayError:  # it ended before the subscription began?
+                if not self.get(agent, view.id).done:
+                    raise
+        return self.get(agent, view.id)
+
+    def stream(
+        self,
+        agent: str,
+        text: str,
+        *,
+        capability: str | None = None,
+        task: str | None = None,
+        context: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Iterator[TaskEvent]:
+        """Send a task and yield its events as they happen (``SendStreamingMessage``): the
+        task first, then status and artifact updates, the last one terminal."""
+        body = self.message_body(
+            text, capability=capability, task=task, context=context, metadata=metadata
+        )
+        return self._events(self.base(agent) + "/message:stream", body)
+
+    def subscribe(self, agent: str, task_id: str) -> Iterator[TaskEvent]:
+        """Yield an existing task's events from now on (``SubscribeToTask``)."""
+        return self._events(self.base(agent) + self._task_path(task_id, "subscribe"), {})
+
+    def get(self, agent: str, task_id: str) -> TaskView:
+        """``GetTask``: the task now, with its answer and artifacts."""
+        data, text = self._call("GET", self.base(agent) + self._task_path(task_id))
+        return TaskView.of(data, text)
+
+    def list(
+        self,
+        agent: str,
+        *,
+        context: str | None = None,
+        state: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> TaskPage:
+        """``ListTasks``: the caller's tasks to ``agent``, newest first, one page."""
+        params = self._list_params(context, state, page_size, page_token)
+        data, _ = self._call("GET", self.base(agent) + "/tasks", params=params)
+        return TaskPage.of(data)
+
+    def cancel(self, agent: str, task_id: str) -> TaskView:
+        """``CancelTask``: a queued task is cancelled at once, a running one asked to stop."""
+        data, text = self._call("POST", self.base(agent) + self._task_path(task_id, "cancel"))
+        return TaskView.of(data, text)
+
+
+class AsyncRelayClient(_Calls):
+    """The asynchronous relay client: :class:`RelayClient`'s methods, awaited (streams
+    are async iterators). Close it with ``aclose`` (or ``async with``)."""
+
+    http: httpx.AsyncClient
+
+    def _connect(self, options: dict[str, Any]) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _read(self, r: httpx.Response) -> bytes:
+        got = self._limit(r)
+        async for chunk in r.aiter_bytes():
+            self._more(got, chunk)
+        return bytes(got)
+
+    async def _call(
+        self, method: str, url: str, body: Any = None, params: Mapping[str, Any] | None = None
+    ) -> tuple[Any, str]:
+        content, headers = self._request(body)
+        try:
+            async with asyncio.timeout(2 * self.timeout):
+                async with self.http.stream(
+                    method, url, content=content, headers=headers, params=params
+                ) as r:
+                    data = await self._read(r)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+        return self._answer(r, data, f"{method} {url}")
+
+    async def _events(self, url: str, body: Any) -> AsyncIterator[TaskEvent]:
+        try:
+            async with self.http.stream("POST", url, **self._stream_request(body)) as r:
+                if not r.is_success:
+                    async with asyncio.timeout(2 * self.timeout):
+                        data = await self._read(r)
+                    self._answer(r, data, f"POST {url}")
+                decoder = self._decoder()
+                try:
+                    async for chunk in r.aiter_raw():
+                        for ev in decoder.feed(chunk):
+                            yield _event(ev)
+                    for ev in decoder.close():
+                        yield _event(ev)
+                except SSEError as exc:
+                    raise _bad(f"the event stream is malformed: {exc}") from None
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    # -- what a caller does ---------------------------------------------------------------
+
+    async def whoami(self) -> Identity:
+        if self._identity is None:
+            data, _ = await self._call("GET", self.relay + "/api/whoami")
+            self._identity = Identity.of(data)
+        return self._identity
+
+    async def workspace(self) -> str:
+        if self._workspace is None:
+            self._workspace = (await self.whoami()).workspace
+        return self._workspace
+
+    async def base(self, agent: str) -> str:
+        return self._base(await self.workspace(), agent)
+
+    async def call(self, method: str, path: str) -> Any:
+        """Another read of the relay as this agent (``/api/...`` or an A2A path), decoded;
+        for what the views do not cover (the grant list, an agent card)."""
+        url = path if "://" in path else self.relay + path
+        data, _ = await self._call(method, url)
+        return data
+
+    async def send(
+        self,
+        agent: str,
+        text: str,
+        *,
+        capability: str | None = None,
+        task: str | None = None,
+        context: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        on_event: AsyncOnEvent | None = None,
+    ) -> TaskView:
+        body = self.message_body(
+            text, capability=capability, task=task, context=context, metadata=metadata
+        )
+        body["configuration"] = {"returnImmediately": True}
+        answer, raw = await self._call("POST", await self.base(agent) + "/message:send", body)
+        accepted = self._sent(answer, raw)
+        return await self.wait(agent, accepted, on_event=on_event) if wait else accepted
+
+    async def wait(
+        self, agent: str, task: TaskView | str, *, on_event: AsyncOnEvent | None = None
+    ) -> TaskView:
+        view = task if isinstance(task, TaskView) else await self.get(agent, task)
+        if not view.done:
+            try:
+                async for event in self.subscribe(agent, view.id):
+                    if on_event is not None:
+                        await on_event(event)
+                    if event.state in ENDS:
+                        break
+            except RelayError:
+                if not (await self.get(agent, view.id)).done:
+                    raise
+        return await self.get(agent, view.id)
+
+    async def stream(
+        self,
+        agent: str,
+        text: str,
+        *,
+        capability: str | None = None,
+        task: str | None = None,
+        context: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[TaskEvent]:
+        body = self.message_body(
+            text, capability=capability, task=task, context=context, metadata=metadata
+        )
+        async for event in self._events(await self.base(agent) + "/message:stream", body):
+            yield event
+
+    async def subscribe(self, agent: str, task_id: str) -> AsyncIterator[TaskEvent]:
+        url = await self.base(agent) + self._task_path(task_id, "subscribe")
+        async for event in self._events(url, {}):
+            yield event
+
+    async def get(self, agent: str, task_id: str) -> TaskView:
+        data, text = await self._call("GET", await self.base(agent) + self._task_path(task_id))
+        return TaskView.of(data, text)
+
+    async def list(
+        self,
+        agent: str,
+        *,
+        context: str | None = None,
+        state: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> TaskPage:
+        params = self._list_params(context, state, page_size, page_token)
+        data, _ = await self._call("GET", await self.base(agent) + "/tasks", params=params)
+        return TaskPage.of(data)
+
+    async def cancel(self, agent: str, task_id: str) -> TaskView:
+        url = await self.base(agent) + self._task_path(task_id, "cancel")
+        data, text = await self._call("POST", url)
+        return TaskView.of(data, text)
