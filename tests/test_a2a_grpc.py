@@ -364,6 +364,29 @@ def test_credentials_version_and_tenant_are_checked(relay: Any) -> None:
             )
             assert err.code() == grpc.StatusCode.PERMISSION_DENIED  # no grant to this agent
             assert details(err).reason == "PERMISSION_DENIED"
+            # a tenant naming another workspace's agent: the caller's credential is not
+            # good there, and its tasks are not visible through it
+            rival = a2a_pb2.SendMessageRequest(tenant="rival/rival/agent", message=msg("echo x"))
+            err = await refused(stub.SendMessage(rival, metadata=meta(world.tokens["caller"])))
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+            mine = (
+                await stub.SendMessage(send_req("echo mine"), metadata=meta(world.tokens["caller"]))
+            ).task
+            err = await refused(
+                stub.GetTask(
+                    a2a_pb2.GetTaskRequest(tenant="rival/rival/agent", id=mine.id),
+                    metadata=meta(world.tokens["caller"]),
+                )
+            )
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+            err = await refused(
+                stub.GetTask(
+                    a2a_pb2.GetTaskRequest(tenant=f"{TENANT}/tasks", id=mine.id),
+                    metadata=meta(world.tokens["caller"]),
+                )
+            )
+            assert err.code() == grpc.StatusCode.NOT_FOUND  # not an agent's name: refused
+            assert "tenant" in (err.details() or "")
             err = await refused(
                 stub.GetTask(a2a_pb2.GetTaskRequest(id="x"), metadata=meta(world.tokens["caller"]))
             )
