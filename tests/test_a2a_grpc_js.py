@@ -18,17 +18,26 @@ from pathlib import Path
 import pytest
 
 from a2a_kit import CAPS, running
+from conftest import ON_CI
 
 SDK_DIR = os.environ.get("A2A_JS_SDK_DIR", "")
-pytestmark = pytest.mark.skipif(
-    not (
-        SDK_DIR
-        and (Path(SDK_DIR) / "node_modules/@a2a-js/sdk").is_dir()
-        and (Path(SDK_DIR) / "node_modules/@grpc/grpc-js").is_dir()
-        and shutil.which("node")
-    ),
-    reason="set A2A_JS_SDK_DIR to a directory with @a2a-js/sdk and @grpc/grpc-js (make js-sdk)",
+MISSING = not (
+    SDK_DIR
+    and (Path(SDK_DIR) / "node_modules/@a2a-js/sdk").is_dir()
+    and (Path(SDK_DIR) / "node_modules/@grpc/grpc-js").is_dir()
+    and shutil.which("node")
 )
+WHY = "set A2A_JS_SDK_DIR to a directory with @a2a-js/sdk and @grpc/grpc-js (make js-sdk)"
+
+
+@pytest.fixture(autouse=True)
+def js_sdk() -> None:
+    """Skipped where the JS stack is missing, except on CI (``make test`` installs it)."""
+    if MISSING:
+        if ON_CI:
+            pytest.fail(f"the JS gRPC client is required on CI: {WHY}")
+        pytest.skip(WHY)
+
 
 PROBE = r"""
 import { randomUUID } from 'node:crypto';
