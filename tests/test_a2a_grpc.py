@@ -20,6 +20,8 @@ import pytest
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 from google.protobuf import struct_pb2
 from google.rpc import error_details_pb2, status_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from a2a_kit import CAPS, RECEIVER, WS, Receiver, Server, World, pg_database, replicas, running
 
@@ -584,3 +586,38 @@ def test_a_blocking_send_the_caller_abandons_is_kept_and_counted_cancelled(relay
         await until(look, bool)
 
     run(wait())
+
+
+@settings(max_examples=60)
+@given(
+    rpc=st.sampled_from(["SendMessage", "GetTask", "ListTasks", "CancelTask"]),
+    raw=st.one_of(
+        st.binary(max_size=300),
+        # a valid request with random bytes after it: unknown or clashing fields
+        st.binary(max_size=60).map(
+            lambda tail: a2a_pb2.GetTaskRequest(tenant=TENANT, id="t").SerializeToString() + tail
+        ),
+    ),
+)
+def test_arbitrary_bytes_are_refused_as_the_callers_fault(relay: Any, rpc: str, raw: bytes) -> None:
+    """Whatever bytes arrive, the answer is a status naming the caller's mistake (or a
+    normal answer), never INTERNAL or UNKNOWN; the relay answers the next call as ever."""
+    server, world, _ = relay
+    with grpc.insecure_channel(target(server)) as channel:
+        call = channel.unary_unary(f"/lf.a2a.v1.A2AService/{rpc}")
+        code, said = grpc.StatusCode.OK, ""
+        try:
+            call(raw, metadata=meta(world.tokens["caller"]))
+        except grpc.RpcError as err:
+            code, said = err.code(), err.details()
+        assert code in {
+            grpc.StatusCode.OK,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.PERMISSION_DENIED,
+        }, (code, said)
+        ok = a2a_pb2_grpc.A2AServiceStub(channel).ListTasks(
+            a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(world.tokens["caller"])
+        )
+        assert ok.tasks is not None
