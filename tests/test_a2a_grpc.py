@@ -621,3 +621,18 @@ def test_arbitrary_bytes_are_refused_as_the_callers_fault(relay: Any, rpc: str, 
             a2a_pb2.ListTasksRequest(tenant=TENANT), metadata=meta(world.tokens["caller"])
         )
         assert ok.tasks is not None
+
+
+def test_server_reflection_describes_the_a2a_service(relay: Any) -> None:
+    """What grpcurl and other generic clients read instead of a .proto file."""
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    server, _, _ = relay
+    with grpc.insecure_channel(target(server)) as channel:
+        db = ProtoReflectionDescriptorDatabase(channel)
+        assert "lf.a2a.v1.A2AService" in set(db.get_services())
+        service = db.FindFileContainingSymbol("lf.a2a.v1.A2AService")
+        (described,) = [s for s in service.service if s.name == "A2AService"]
+        assert {m.name for m in described.method} >= {"SendMessage", "SubscribeToTask"}

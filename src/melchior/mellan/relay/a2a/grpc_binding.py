@@ -415,8 +415,13 @@ def _credentials(endpoint: GrpcEndpoint) -> grpc.ServerCredentials | None:
 async def start(relay: Relay, endpoint: GrpcEndpoint) -> grpc.aio.Server:
     """Bind and start the gRPC server (``endpoint.port`` becomes the port bound); raises
     ``RuntimeError`` when the port cannot be bound."""
+    from grpc_reflection.v1alpha import reflection  # with a2a-sdk[grpc]
+
     server = grpc.aio.server(options=options(relay))
     server.add_generic_rpc_handlers((handler(relay),))
+    # server reflection: generic clients (grpcurl, grpcui, Postman) find the A2A service
+    # and its messages without a copy of the proto file
+    reflection.enable_server_reflection((SERVICE, reflection.SERVICE_NAME), server)
     address = (
         f"[{endpoint.host}]:{endpoint.port}"
         if ":" in endpoint.host
