@@ -34,9 +34,10 @@ demo: $(STAMP)
 
 # A second, independent A2A client for the interop tests (skipped where npm is missing).
 js-sdk:
-	@if [ ! -d $(JS_SDK)/node_modules/@a2a-js/sdk ] && command -v npm >/dev/null; then \
+	@if [ ! -d $(JS_SDK)/node_modules/@grpc/grpc-js ] && command -v npm >/dev/null; then \
 		mkdir -p $(JS_SDK) && cd $(JS_SDK) && \
-		npm install --silent --no-audit --no-fund @a2a-js/sdk@1.3.0 || \
+		npm install --silent --no-audit --no-fund @a2a-js/sdk@1.3.0 \
+			@grpc/grpc-js@1.14.7 @bufbuild/protobuf@2.10.2 || \
 		echo "make: could not install @a2a-js/sdk; its interop tests will be skipped"; \
 	fi
 

@@ -261,9 +261,14 @@ class Receiver:
 
 @contextlib.contextmanager
 def running(
-    db_url: str, *, receiver: bool = True, push: dict[str, Any] | None = None, poll: float = 0.2
+    db_url: str,
+    *,
+    receiver: bool = True,
+    push: dict[str, Any] | None = None,
+    poll: float = 0.2,
+    grpc: bool = False,
 ) -> Iterator[tuple[Server, World, Receiver | None]]:
-    server = Server(db_url, poll=poll, push=push)
+    server = Server(db_url, poll=poll, push=push, relay=grpc_on() if grpc else None)
     world = seed(server.store)
     rx = Receiver(server.url, world.tokens["receiver"]) if receiver else None
     try:
@@ -307,15 +312,22 @@ def pg_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def grpc_on() -> dict[str, Any]:
+    """Relay settings that serve the A2A gRPC binding on a free loopback port."""
+    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
+
+    return {"grpc": GrpcEndpoint("127.0.0.1", 0)}
+
+
 @contextlib.contextmanager
-def replicas(db_url: str) -> Iterator[tuple[Server, World, Receiver]]:
+def replicas(db_url: str, *, grpc: bool = False) -> Iterator[tuple[Server, World, Receiver]]:
     """Two relay replicas on one PostgreSQL database, woken across replicas by LISTEN/NOTIFY
     as deployed: callers use the first (its ``peer`` is the second, for streams on a third
     connection), the receiver the second."""
     from melchior.mellan.relay.pgnotify import PgNotifier
 
-    front = Server(db_url, notifier=PgNotifier(db_url))
-    back = Server(db_url, notifier=PgNotifier(db_url))
+    front = Server(db_url, notifier=PgNotifier(db_url), relay=grpc_on() if grpc else None)
+    back = Server(db_url, notifier=PgNotifier(db_url), relay=grpc_on() if grpc else None)
     front.peer = back
     world = seed(front.store)
     rx = Receiver(back.url, world.tokens["receiver"])

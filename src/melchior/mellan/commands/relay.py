@@ -90,6 +90,7 @@ def run(ns: argparse.Namespace) -> int:
             database=resolved["database"],
             host=resolved["host"],
             port=resolved["port"],
+            grpc_port=resolved["grpc_port"],
             public_url=resolved["public_url"],
             owner_token_file=resolved["owner_token_file"],
             mint_owner_token=resolved["mint_owner_token"],

@@ -172,6 +172,11 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
                     relay.pusher.start(tasks),
                     relay.waker.start(tasks),
                 ]
+                if relay.grpc is not None:
+                    from melchior.mellan.relay.a2a import grpc_binding
+
+                    server = await grpc_binding.start(relay, relay.grpc)
+                    owned.append(tasks.create_task(grpc_binding.run(server), name="mellan-grpc"))
                 if relay.retain_days:
                     job = keep_tasks_for(relay, relay.retain_days,
                                          interval=relay.retention_interval,

@@ -23,6 +23,7 @@ from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store, StoreUnavailable
 
 if TYPE_CHECKING:
+    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
     from melchior.mellan.relay.a2a.watch import Watches
     from melchior.mellan.relay.presence import Presence
     from melchior.mellan.relay.push import Pusher
@@ -83,6 +84,8 @@ class Relay:
     """This replica's counters and the cached database gauges (:mod:`.metrics`)."""
     metrics_token: str | None = field(default=None, repr=False)
     """A token that may read ``/metrics`` (besides owner credentials); None: owners only."""
+    grpc: GrpcEndpoint | None = field(default=None, repr=False)
+    """Where the A2A gRPC binding listens (started by the app's lifespan); None: off."""
 
     def __post_init__(self) -> None:
         from melchior.mellan.relay.a2a.watch import Watches

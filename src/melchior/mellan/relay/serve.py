@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
 
 import h11
 import uvicorn
@@ -47,6 +48,9 @@ from melchior.mellan.relay.tls import ClientCertGate, ServerTls, TlsError, peer_
 from melchior.policy.outbound import loopback
 from melchior.policy.send_limits import DEFAULTS, Limits
 
+if TYPE_CHECKING:
+    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 WORKSPACE = "default"
@@ -58,6 +62,7 @@ class RelayOptions:
     database: str | None = None
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    grpc_port: int | None = None
     public_url: str | None = None
     owner_token_file: Path | None = None
     mint_owner_token: bool = False
@@ -263,6 +268,31 @@ def transport_policy(options: RelayOptions) -> tuple[str | None, str | None]:
     )
 
 
+def grpc_endpoint(
+    options: RelayOptions, public: str, say: Callable[..., None]
+) -> GrpcEndpoint | None:
+    """Where the A2A gRPC binding listens: ``--host`` and ``--grpc-port``, with the HTTPS
+    certificate when there is one (no client CA: client certificates bind only the
+    receiver API, which is HTTP); the card names the public URL's host. It is bound in
+    the app's lifespan, which says so (port 0 is the port bound)."""
+    if options.grpc_port is None:
+        return None
+    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
+
+    def listening(target: str) -> None:
+        scheme = "TLS" if options.tls_cert is not None else "plaintext"
+        say(f"A2A over gRPC ({scheme}) on {target}", "grpc-listening", target=target)
+
+    return GrpcEndpoint(
+        options.host,
+        options.grpc_port,
+        tls_cert=options.tls_cert,
+        tls_key=options.tls_key,
+        public_host=urlsplit(public).hostname,
+        on_listening=listening,
+    )
+
+
 def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
     """Run one replica until SIGINT/SIGTERM; return an exit status."""
 
@@ -307,6 +337,17 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             "error",
         )
         return 1
+    if options.grpc_port:  # said now and plainly, not as a failed start-up later
+        try:
+            bind(options.host, options.grpc_port).close()
+        except OSError as exc:
+            sock.close()
+            say(
+                f"cannot listen for gRPC on {options.host}:{options.grpc_port}: "
+                f"{exc.strerror or exc} (choose another with --grpc-port or $MELLAN_GRPC_PORT)",
+                "error",
+            )
+            return 1
     notifier = make_notifier(options.database)
     try:
         store = open_store(options.database, publish=notifier.publish, migrate=False)
@@ -349,6 +390,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             metrics=Metrics(cache_seconds=options.metrics_cache_seconds),
             metrics_token=metrics_token,
             retain_days=options.retain_days,
+            grpc=grpc_endpoint(options, public, say),
         )
         if options.retain_days:
             say(f"finished tasks are deleted {options.retain_days:g} day(s) after they finish")
@@ -375,6 +417,8 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
                 return
             message = tls.reload()
             failed = message.startswith("certificate reload failed")
+            if not failed and relay.grpc is not None:
+                relay.grpc.reload_tls()  # new gRPC connections read the pair again
             say(message, "tls-reload-failed" if failed else "tls-reloaded")
 
         server = _Server(config, relay, on_hup=reload_tls)
@@ -406,6 +450,9 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say(warning, "warning")
         say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
         server.run(sockets=[sock])
+        if not server.started:  # the lifespan failed (its error is logged above)
+            say("could not start; stopped", "error")
+            return 1
         say("stopped", "stopped")
         return 0
     finally:

@@ -125,6 +125,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("port", int, 8787, "bind port (0 = any free)", metavar="PORT", check=_port,
             example=8443),
     Setting(
+        "grpc_port", int, None,
+        "also serve A2A over gRPC on this port (0 = any free; off by default), on --host "
+        "with the same TLS as HTTPS",
+        metavar="PORT", check=_port, example=8444,
+    ),
+    Setting(
         "public_url", str, None, "the URL agents use to reach this relay", metavar="URL",
         check=_url, example="https://relay.example.net:8443",
     ),

@@ -28,7 +28,8 @@ async def entry(request: Request) -> Response:
     if target is None:
         raise errors.MethodNotFound("an A2A URL is /a2a/{workspace}/{agent-id}[/operation]")
     if target.rest == (".well-known", "agent-card.json") and request.method == "GET":
-        card = cards.public_card(relay.public_url, target.workspace, target.agent)
+        grpc = relay.grpc.target if relay.grpc is not None else None
+        card = cards.public_card(relay.public_url, target.workspace, target.agent, grpc)
         body, _ = cards.encode(card)
         return rest.card_response(
             request, body, f"public, max-age={cards.PUBLIC_MAX_AGE}", cards.STARTED

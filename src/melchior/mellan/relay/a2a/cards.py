@@ -24,8 +24,19 @@ EXTENDED_MAX_AGE = 60
 INPUT_MODES = ["text/plain", "application/json"]
 
 
-def _base_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
+def _base_card(
+    public_url: str, workspace: str, agent: str, grpc: str | None = None
+) -> dict[str, Any]:
     url = paths.base_url(public_url, workspace, agent)
+    interfaces = [
+        {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+    ]
+    if grpc is not None:  # a gRPC target has no path: the agent is the request's tenant
+        tenant = f"{workspace}/{agent}"
+        interfaces.append(
+            {"url": grpc, "protocolBinding": "GRPC", "protocolVersion": "1.0", "tenant": tenant}
+        )
     return {
         "name": agent,
         "description": (
@@ -35,10 +46,7 @@ def _base_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
         ),
         "version": __version__,
         "provider": {"organization": "mellan relay (melchior)", "url": public_url},
-        "supportedInterfaces": [
-            {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
-        ],
+        "supportedInterfaces": interfaces,
         "capabilities": {
             "streaming": True,
             "pushNotifications": True,
@@ -60,8 +68,11 @@ def _base_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
     }
 
 
-def public_card(public_url: str, workspace: str, agent: str) -> dict[str, Any]:
-    return _base_card(public_url, workspace, agent)
+def public_card(
+    public_url: str, workspace: str, agent: str, grpc: str | None = None
+) -> dict[str, Any]:
+    """``grpc``: the gRPC target (``host:port``) when the relay serves that binding."""
+    return _base_card(public_url, workspace, agent, grpc)
 
 
 def skill(cap: Capability) -> dict[str, Any]:
@@ -116,9 +127,13 @@ def _dt(iso: str) -> datetime:
 
 
 def extended_card(
-    public_url: str, caller: Caller, agent: Agent | None, caps: list[Capability]
+    public_url: str,
+    caller: Caller,
+    agent: Agent | None,
+    caps: list[Capability],
+    grpc: str | None = None,
 ) -> dict[str, Any]:
-    card = _base_card(public_url, caller.target.workspace, caller.target.agent)
+    card = _base_card(public_url, caller.target.workspace, caller.target.agent, grpc)
     if agent is not None and (caps or caller.is_owner):
         card["description"] = agent.description or card["description"]
     card["skills"] = [skill(c) for c in caps]

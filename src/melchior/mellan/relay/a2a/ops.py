@@ -1,8 +1,9 @@
-"""The A2A 1.0 operations by name, so both bindings dispatch to one implementation.
+"""The A2A 1.0 operations by name, so every binding dispatches to one implementation.
 
-Each operation takes the binding-neutral request object (the JSON-RPC ``params``, or
-what the HTTP+JSON binding assembled from path, query and body) and returns either a
-JSON value or an async iterator of ``StreamResponse`` objects.
+Each operation takes the binding-neutral request object (the JSON-RPC ``params``, what
+the HTTP+JSON binding assembled from path, query and body, or the gRPC request message
+in its JSON mapping) and returns either a JSON value or an async iterator of
+``StreamResponse`` objects.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ async def subscribe_to_task(relay: Relay, caller: Caller, params: Any, request: 
 async def extended_card(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
     seen = await relay.call(cards.visible_capabilities, relay.store, caller)
     request.state.last_modified = seen.last_modified  # for Last-Modified on HTTP+JSON
-    return cards.extended_card(relay.public_url, caller, seen.agent, seen.capabilities)
+    grpc = relay.grpc.target if relay.grpc is not None else None
+    return cards.extended_card(relay.public_url, caller, seen.agent, seen.capabilities, grpc)
 
 
 async def create_push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
