@@ -54,8 +54,8 @@ def completions(net: Net, task_id: str) -> list[dict[str, object]]:
 
 
 def kill_orphans(count: Path) -> None:
-    """The first run's program outlives a SIGKILLed receiver (it is in its own process
-    group); stop what is left of it so nothing leaks past the test."""
+    """The first run's program is stopped by the SIGKILLed receiver's guard; should the
+    kill land in the guard's window, stop what is left so nothing leaks past the test."""
     if not count.exists():
         return
     for line in count.read_text().splitlines():
