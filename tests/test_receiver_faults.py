@@ -54,8 +54,8 @@ def completions(net: Net, task_id: str) -> list[dict[str, object]]:
 
 
 def kill_orphans(count: Path) -> None:
-    """The first run's program outlives a SIGKILLed receiver (it is in its own process
-    group); stop what is left of it so nothing leaks past the test."""
+    """The first run's program is stopped by the SIGKILLed receiver's guard; should the
+    kill land in the guard's window, stop what is left so nothing leaks past the test."""
     if not count.exists():
         return
     for line in count.read_text().splitlines():
@@ -123,6 +123,47 @@ def test_killed_after_spooling_the_result_is_reported_not_run_again(
     assert len(completions(net, task_id)) == 1
     assert view["attempt"] == (2 if expired else 1)
     assert list((tmp_path / "state" / "spool").glob("*.json")) == []
+
+
+def test_killed_after_concurrent_turns_spooled_together_each_is_reported_none_run_again(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """Four turns end together and their spool writes share directory syncs; the
+    receiver is SIGKILLed right after the fourth result is spooled. Whatever had been
+    reported is recorded once; the rest is in the spool; the next receiver reports it —
+    every task succeeds once, and no program ran twice."""
+    net = make_net(relay, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = write_config(tmp_path / "receiver.toml", net, work, concurrency=4)
+    worker_route(net, work, tmp_path / "worker.py")
+    count = tmp_path / "count"
+    met = tmp_path / "met"
+    met.mkdir()
+    env = {"COUNT_FILE": str(count)}
+    dying = start_receiver(
+        net, config, env={**env, "MELLAN_RECEIVER_TEST_HOOK": "kill-after-spool:4"}
+    )
+    tasks = [net.send(f"meet 4 {met}") for _ in range(4)]
+    assert dying.finish() == -signal.SIGKILL
+    spool = tmp_path / "state" / "spool"
+    for task_id in tasks:
+        assert executions(count, task_id, "end") == 1
+    unreported = [t for t in tasks if net.task(t)["state"] == "leased"]
+    spooled = len(list(spool.glob("*.json")))  # and those reported but not yet dropped
+    assert spooled >= len(unreported)  # each one the relay has not heard of is there
+    with receiving(net, config, env=env) as rp:
+        views = [net.settled(t) for t in tasks]
+        for view in views:
+            assert view["state"] == "succeeded", (view["error"], rp.lines)
+        if spooled:
+            rp.wait_line(f"reporting {spooled} spooled result(s) before claiming")
+    for task_id, view in zip(tasks, views, strict=True):
+        assert result_text(view) == f"done: MEET 4 {str(met).upper()} (turn 1)"
+        assert executions(count, task_id) == 1  # the work ran once
+        assert len(completions(net, task_id)) == 1
+        assert view["attempt"] == 1
+    assert list(spool.glob("*.json")) == []
 
 
 def test_a_revoked_credential_stops_claiming_and_says_why(relay: RelayProc, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import os
 import posixpath
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from melchior.mellan.receiver import install, prompt
 from melchior.mellan.receiver.config import ConfigError, parse
-from melchior.mellan.receiver.spool import Report, Spool
+from melchior.mellan.receiver.spool import Report, Spool, key_of
 from melchior.policy.allowlist import AllowList, RouteFacts, inside, may_run
 from melchior.policy.fence import unfence
 from melchior.runtimes import route_rules
@@ -242,6 +244,79 @@ def test_spool_round_trip_park_and_reuse(tmp_path: Path) -> None:
 def test_a_foreign_file_in_the_spool_is_ignored(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     (tmp_path / "junk.json").write_text("{not json")
+    assert spool.pending() == []
+
+
+class WatchedSpool(Spool):
+    """A spool whose directory syncs are real but slow, each noting the files it covered
+    (those renamed into place before it began) and when it ended."""
+
+    def __init__(self, root: Path, fail_first: bool = False) -> None:
+        super().__init__(root)
+        self.lock = threading.Lock()
+        self.syncs: list[tuple[frozenset[str], list[bool]]] = []
+        self.fail_first = fail_first
+
+    def _fsync_dir(self) -> None:
+        covered = frozenset(p.name for p in self.root.glob("*.json"))
+        ended = [False]
+        with self.lock:
+            self.syncs.append((covered, ended))
+            fail, self.fail_first = self.fail_first, False
+        time.sleep(0.05)  # slow enough that the other turns' renames land meanwhile
+        if fail:
+            raise OSError(5, "the disk said no")
+        super()._fsync_dir()
+        ended[0] = True
+
+
+def test_concurrent_puts_share_directory_syncs_and_none_returns_before_its_own(
+    tmp_path: Path,
+) -> None:
+    """Group commit: 16 turns ending together cost fewer directory syncs than results,
+    and no put returns before a sync that began after its file was in place ended."""
+    spool = WatchedSpool(tmp_path / "spool")
+    spool.root.mkdir()
+    start = threading.Barrier(16)
+    returned: dict[str, list[int]] = {}
+
+    def put(i: int) -> None:
+        report = Report(f"task-{i}", 1, 1, "complete", {"epoch": 1, "result": {}}, float(i))
+        start.wait()
+        spool.put(report)
+        with spool.lock:  # which syncs had ended when this put returned
+            returned[f"{key_of(report.task_id, 1)}.json"] = [
+                n for n, (_, ended) in enumerate(spool.syncs) if ended[0]
+            ]
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(returned) == 16
+    assert len(spool.pending()) == 16
+    for name, ended in returned.items():
+        assert any(name in spool.syncs[n][0] for n in ended), name
+    assert len(spool.syncs) < 16  # shared: a sync covered several results
+
+
+def test_a_failed_directory_sync_fails_the_puts_it_was_for(tmp_path: Path) -> None:
+    spool = WatchedSpool(tmp_path / "spool", fail_first=True)
+    report = Report("t", 1, 1, "complete", {"epoch": 1, "result": {}}, 0.0)
+    with pytest.raises(OSError, match="the disk said no"):
+        spool.put(report)
+    spool.put(report)  # the next sync is a new one, and it succeeds
+    assert spool.pending() == [report]
+
+
+def test_dropping_an_entry_does_not_sync_the_directory(tmp_path: Path) -> None:
+    """A removal a power cut undoes only repeats a report the relay already has."""
+    spool = WatchedSpool(tmp_path / "spool")
+    report = Report("t", 1, 1, "complete", {"epoch": 1, "result": {}}, 0.0)
+    spool.put(report)
+    spool.drop(report)
+    assert len(spool.syncs) == 1
     assert spool.pending() == []
 
 

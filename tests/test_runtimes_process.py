@@ -285,7 +285,6 @@ asyncio.run(run_process([sys.executable, '-c', 'import time; time.sleep(300)'],
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_program_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     """A runner SIGKILLed mid-turn (a receiver killed mid-task) takes its program with it:
     nothing of the turn works on while the task is claimed and run again."""
@@ -309,3 +308,66 @@ def test_the_program_dies_with_the_process_that_started_it(tmp_path: Path) -> No
         kill_quietly(runner.pid)
         if pid_file.exists() and pid_file.read_text():
             kill_quietly(int(pid_file.read_text()))
+
+
+GROUP_RUNNER = """
+import asyncio, os, sys
+from pathlib import Path
+from melchior.runtimes import guard
+from melchior.runtimes.process import run_process
+
+out = Path(sys.argv[1])
+kill_guard = 'kill-guard' in sys.argv
+
+async def line(text: bytes) -> None:  # the program's grandchild, then the guard's pid
+    if kill_guard:  # the guard is killed: the next group it is told of starts a new one
+        os.kill(guard.GUARD.pid(), 9)
+        while True:
+            try:
+                os.waitpid(guard.GUARD.pid(), 0)
+            except ChildProcessError:
+                break
+        guard.watch(10**7)
+    out.write_text(text.decode().strip() + ' ' + str(guard.GUARD.pid()))
+
+code = ('import subprocess, sys, time; '
+        'g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]); '
+        'print(g.pid, flush=True); time.sleep(300)')
+asyncio.run(run_process([sys.executable, '-c', code], cwd=Path.cwd(), env=dict(os.environ),
+                        on_line=line))
+"""
+
+
+@pytest.mark.parametrize("guard_killed", [False, True], ids=["guard", "guard-replaced"])
+def test_the_whole_group_dies_with_the_runner_and_the_guard_goes_too(
+    tmp_path: Path, guard_killed: bool
+) -> None:
+    """Not only the program: what it started is stopped too when its runner is SIGKILLed
+    (the guard SIGKILLs the group), the guard ends with it — and a guard killed on the
+    way is replaced, told every group still running."""
+    import signal
+    import subprocess
+
+    out = tmp_path / "out"
+    args = ["kill-guard"] if guard_killed else []
+    runner = subprocess.Popen([sys.executable, "-c", GROUP_RUNNER, str(out), *args], env=ENV)
+    grandchild = guard_pid = 0
+    try:
+
+        async def started() -> tuple[int, int]:
+            await wait_for(lambda: out.exists() and len(out.read_text().split()) == 2)
+            first, second = out.read_text().split()
+            return int(first), int(second)
+
+        grandchild, guard_pid = run(started())
+        assert running(grandchild)
+        assert running(guard_pid)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+        run(wait_for(lambda: not running(grandchild)))  # the group went, not only its leader
+        run(wait_for(lambda: not running(guard_pid)))  # and the guard after it
+    finally:
+        kill_quietly(runner.pid)
+        for pid in (grandchild, guard_pid):
+            if pid:
+                kill_quietly(pid)

@@ -10,11 +10,13 @@ Why each rule:
   and Codex end their session files cleanly; SIGKILL is for whatever ignores it.
 * **Leftovers are stopped when the program exits**, too: a background process the agent
   forgot is still the agent's work, and it would otherwise hold our pipes open.
-* **It dies with us** (Linux): the program gets SIGKILL when the process that started
-  it dies, even by SIGKILL (``PR_SET_PDEATHSIG``). A receiver killed mid-task must not
-  leave its agent working on: the task is claimed again after the lease, and a second
-  run on the same session would overlap the orphan. (Its own children are the group's,
-  stopped with it on every exit but that one; under systemd the unit's cgroup goes.)
+* **It dies with us**: the program's whole group gets SIGKILL when the process that
+  started it dies, even by SIGKILL (:mod:`melchior.runtimes.guard`, one small process
+  per runner that holds the list). A receiver killed mid-task must not leave its agent
+  working on: the task is claimed again after the lease, and a second run on the same
+  session would overlap the orphan. (Not a ``PR_SET_PDEATHSIG`` in each child: the
+  ``preexec_fn`` it needs makes every start a full ``fork()``, several times the cost
+  of the ``vfork()`` Python uses without one.)
 * **Bounded reading.** stdout is read line by line and a line longer than the cap is an
   error (the program is stopped), never an unbounded buffer; stderr keeps only its tail,
   which is what a failure reason needs.
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from melchior.policy import route_options as ro
+from melchior.runtimes import guard
 from melchior.runtimes.options import OptionReader
 
 _PR_SET_PDEATHSIG = 1
@@ -384,12 +387,12 @@ async def run_process(
             cwd=str(cwd),
             env=dict(env),
             start_new_session=True,
-            preexec_fn=_parent_death_signal(),
         )
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise SpawnError(f"cannot start {argv[0]}: {exc}") from None
+    pgid = transport.get_pid()
+    guard.watch(pgid)  # first, before anything else can be awaited
     proc = asyncio.subprocess.Process(transport, protocol, loop)
-    pgid = proc.pid
     err_tail = bytearray()
     deadline = asyncio.timeout(limits.timeout)
 
@@ -435,6 +438,7 @@ async def run_process(
         return Exit(_returncode(transport), _decode(err_tail), pgid)
     finally:
         transport.close()
+        guard.release(pgid)
 
 
 def _returncode(transport: asyncio.SubprocessTransport) -> int:

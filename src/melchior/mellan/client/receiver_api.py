@@ -32,6 +32,7 @@ import httpx
 from melchior.mellan import transport
 from melchior.mellan.client.errors import refusal
 from melchior.mellan.client.leases import ClaimedTask, MalformedLease, Route, claimed
+from melchior.mellan.client.warm import warm
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.rawjson import decode, encode
 from melchior.mellan.transport import ClientTls
@@ -320,6 +321,7 @@ class AsyncReceiverClient:
             )
         except transport.TransportError as exc:
             raise ReceiverError(0, "insecure-transport", str(exc)) from None
+        warm(self._http)  # the pool's per-request idle check, made cheap
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -71,7 +71,8 @@ from melchior.runtimes import (
 
 TEST_HOOK = "MELLAN_RECEIVER_TEST_HOOK"
 """Test-only: ``kill-after-spool`` makes the receiver SIGKILL itself right after a result
-is spooled and before it is reported (the fault tests' window)."""
+is spooled and before it is reported (the fault tests' window); ``kill-after-spool:N``
+right after the N-th result is (concurrent turns whose spool writes shared a sync)."""
 
 SESSION_WAIT = 2.0
 """Seconds a task waits for its bound session to be free on this receiver, at most."""
@@ -102,6 +103,8 @@ class Shared:
     agent: str
     session_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     revoked: Callable[[str], None] = lambda reason: None
+    spooled: int = 0
+    """Results spooled so far (counted for the test hook only)."""
 
     def say(self, line: str) -> None:
         self.board.say(line)
@@ -313,8 +316,12 @@ class TaskRun:
 
     async def _spool(self, report: Report) -> Report:
         await asyncio.to_thread(self.s.spool.put, report)
-        if os.environ.get(TEST_HOOK) == "kill-after-spool":
-            os.kill(os.getpid(), signal.SIGKILL)
+        hook = os.environ.get(TEST_HOOK, "")
+        if hook.startswith("kill-after-spool"):
+            self.s.spooled += 1
+            _, _, count = hook.partition(":")
+            if self.s.spooled >= int(count or 1):
+                os.kill(os.getpid(), signal.SIGKILL)
         return report
 
     async def _emit(self, p: Progress) -> None:

@@ -22,7 +22,9 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,16 +70,67 @@ def key_of(task_id: str, turn: int) -> str:
     return f"{digest}.{int(turn)}"
 
 
+class GroupSync:
+    """One directory fsync for every rename that landed while the last one ran.
+
+    A spooled file is durable once its own bytes are fsynced *and* the directory entry
+    that names it is: the second is one fsync of the directory, and it covers every
+    rename done before it began. So concurrent turns share it (group commit, as the
+    relay's store does with its transactions): a caller whose rename came while a sync
+    was running waits for the next one, which one of the waiters runs for all of them.
+    No caller returns before a sync that *began* after its rename has ended — the
+    "fsynced before reported" rule holds for each result, at a fraction of the syncs.
+    """
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self._sync = sync
+        self._cond = threading.Condition()
+        self._begun = 0  # syncs started
+        self._ended = 0  # syncs finished (successfully or not)
+        self._running = False
+        self._failed: dict[int, OSError] = {}
+
+    def __call__(self) -> None:
+        """Return once a sync that began after this call has ended (or raise its error)."""
+        with self._cond:
+            want = self._begun + 1  # a sync running now may have begun before our rename
+            while self._ended < want:
+                if self._running:
+                    self._cond.wait()
+                    continue
+                self._running = True
+                self._begun += 1
+                mine = self._begun
+                error: OSError | None = None
+                self._cond.release()
+                try:
+                    self._sync()
+                except OSError as exc:
+                    error = exc
+                finally:
+                    self._cond.acquire()
+                    self._running = False
+                    self._ended = mine
+                    if error is not None:
+                        self._failed[mine] = error
+                    self._failed.pop(mine - 8, None)  # only the latest few are asked for
+                    self._cond.notify_all()
+            error = self._failed.get(want)
+        if error is not None:
+            raise error
+
+
 class Spool:
     """The directory of spooled reports."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._sync_dir = GroupSync(self._fsync_dir)
 
     def _path(self, task_id: str, turn: int) -> Path:
         return self.root / f"{key_of(task_id, turn)}.json"
 
-    def _sync_dir(self) -> None:
+    def _fsync_dir(self) -> None:
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
@@ -85,7 +138,10 @@ class Spool:
             os.close(fd)
 
     def put(self, report: Report) -> None:
-        """Write ``report`` durably: after this returns, a power cut does not lose it."""
+        """Write ``report`` durably: after this returns, a power cut does not lose it.
+
+        The file is fsynced on its own; the directory's fsync is shared with the turns
+        that ended at the same time (:class:`GroupSync`)."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         data = json.dumps(asdict(report), ensure_ascii=False).encode("utf-8")
         atomic_write(self._path(report.task_id, report.turn), data)
@@ -105,9 +161,12 @@ class Spool:
             return None
 
     def drop(self, report: Report) -> None:
+        """Forget an entry the relay has settled. Not fsynced: a removal a power cut
+        undoes brings back an entry whose report the relay answers as already recorded
+        (duplicate, or lease lost because the task finished), and it is dropped again —
+        a report repeated, never work run again."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(report.task_id, report.turn))
-            self._sync_dir()
 
     def park(self, report: Report) -> None:
         self.put(replace(report, parked=True))
