@@ -68,8 +68,8 @@ screenshots: $(STAMP)
 # ruff, mypy strict, and the layers of docs/architecture.md (lint-imports: pyproject's
 # [tool.importlinter] contracts; an import that points up a layer fails here)
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard bench) scripts/clis.py
-	$(BIN)/ruff format --check src tests $(wildcard bench) scripts/clis.py
+	$(BIN)/ruff check src tests $(wildcard bench) scripts/clis.py scripts/tck_sut.py
+	$(BIN)/ruff format --check src tests $(wildcard bench) scripts/clis.py scripts/tck_sut.py
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
