@@ -313,6 +313,18 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # v9 — nothing for SQLite: PostgreSQL's v9 is a function that writes a progress event
     # in one statement, saving round trips SQLite (in-process) does not pay
     (),
+    # v10 — sealed tasks: each agent's public key, bound to the agent (store/agentkeys.py)
+    (
+        """CREATE TABLE agent_key (
+            workspace TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            public_key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            registered_at INTEGER NOT NULL,
+            PRIMARY KEY (workspace, agent),
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        ) STRICT""",
+    ),
 )
 
 # PostgreSQL: timestamptz from the server clock; payloads as text so they come back
@@ -635,6 +647,18 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
                         p_request_id);
             END IF;
         END $$""",
+    ),
+    # v10 — sealed tasks: each agent's public key (see the SQLite v10)
+    (
+        """CREATE TABLE agent_key (
+            workspace text NOT NULL,
+            agent text NOT NULL,
+            public_key text NOT NULL,
+            fingerprint text NOT NULL,
+            registered_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workspace, agent),
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        )""",
     ),
 )
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store._queries import ReadQueries
+from melchior.mellan.relay.store.agentkeys import AgentKeys
 from melchior.mellan.relay.store.base import (
     Agent,
     Capability,
@@ -176,7 +177,7 @@ TALLIES = (
 """The names a store tallies, each once per task it concerns (the relay's counters)."""
 
 
-class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
+class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, AgentKeys):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle). ``tally``, when set, hears after each COMMIT
