@@ -22,6 +22,7 @@ from melchior.mellan.relay.limits import WORKSPACE_DEFAULTS
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.store.base import (
     Agent,
+    AgentKey,
     Capability,
     Conflict,
     CredentialKind,
@@ -32,6 +33,7 @@ from melchior.mellan.relay.store.base import (
     Record,
     Task,
 )
+from melchior.mellan.sealing import PRIVATE_PREFIX, PublicKey
 from melchior.policy.grants import may_grant
 from melchior.policy.send_limits import Overrides, check_value, effective
 from melchior.policy.visibility import Party, may_see_task
@@ -413,3 +415,66 @@ async def set_limits(
     relay.limits.forget(me.workspace)
     stored = await relay.call(relay.store.limit_overrides, me.workspace)
     return limits_view(relay, stored, agent)
+
+
+# -- agents' public keys (sealed tasks) ----------------------------------------------------------
+
+
+async def set_agent_key(relay: Relay, me: Principal, agent: str, text: object) -> dict[str, Any]:
+    """Register an agent's public key: only the agent itself, with its own credential (the
+    key pair is made on its machine; an owner cannot bind a key it holds to an agent). The
+    text must be a public key (never a private one: refused with the reason). Audited when
+    the fingerprint changes, so every key a caller's pin would refuse is on the record."""
+    if is_owner(me) or agent != me.subject:
+        raise ApiError(
+            403, "forbidden", "an agent's key is registered by the agent itself ('mellan join')"
+        )
+    if isinstance(text, str) and text.startswith(PRIVATE_PREFIX):
+        raise bad("that is a private key; send only the public half (it never leaves the agent)")
+    try:
+        key = PublicKey.parse(text)
+    except ValueError as exc:
+        raise bad(f"public_key: {exc}") from None
+    audit = Record(
+        actor(me), "agent.key", "self", "the agent registered its public key",
+        {"fingerprint": key.fingerprint}, subject=agent,
+    )  # fmt: skip
+    try:
+        stored, changed = await relay.call(
+            relay.store.set_agent_key, me.workspace, agent, key.text(), key.fingerprint,
+            record=audit,
+        )  # fmt: skip
+    except NotFoundError:
+        raise not_found(f"agent {agent!r}") from None
+    return key_view(stored) | {"changed": changed}
+
+
+async def agent_key(relay: Relay, me: Principal, agent: str) -> dict[str, Any]:
+    """An agent's public key, for the owner, the agent itself, or an agent on either side of
+    a grant with it (a caller seals to it; a receiver checks the caller's signature and
+    seals the result back). Others are answered as for an unknown agent."""
+    if not is_owner(me) and agent != me.subject:
+        grants = await relay.call(
+            relay.store.list_grants, me.workspace, caller=me.subject, receiver=agent
+        )
+        if not grants:
+            grants = await relay.call(
+                relay.store.list_grants, me.workspace, caller=agent, receiver=me.subject
+            )
+        if not grants:
+            raise not_found(f"agent {agent!r}")
+    stored = await relay.call(relay.store.agent_key, me.workspace, agent)
+    if stored is None:
+        raise ApiError(
+            404, "no-key", f"agent {agent!r} has registered no key; it cannot receive sealed tasks"
+        )
+    return key_view(stored)
+
+
+def key_view(key: AgentKey) -> dict[str, Any]:
+    return {
+        "agent": key.agent,
+        "public_key": key.public_key,
+        "fingerprint": key.fingerprint,
+        "registered_at": key.registered_at,
+    }
