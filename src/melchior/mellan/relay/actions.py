@@ -223,9 +223,12 @@ async def revoke_enrollment(relay: Relay, me: Principal, enrollment_id: str) -> 
 # -- grants --------------------------------------------------------------------------------------
 
 
-async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, caps: Any) -> Grant:
+async def add_grant(
+    relay: Relay, me: Principal, caller: str, receiver: str, caps: Any, *, sealed: bool = False
+) -> Grant:
     """Let ``caller`` invoke ``caps`` on ``receiver``, this direction only, as
-    :func:`melchior.policy.grants.may_grant` decides; refusals are audited."""
+    :func:`melchior.policy.grants.may_grant` decides; refusals are audited. ``sealed``:
+    every send on it must be sealed (refused at the door otherwise)."""
     await owner_only(relay, me, "grant.add")
     if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
         raise bad("'capabilities' must be a non-empty list of capability ids")
@@ -234,7 +237,7 @@ async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, cap
             f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
         )
     caps = list(dict.fromkeys(caps))
-    detail = {"caller": caller, "receiver": receiver, "capabilities": caps}
+    detail = {"caller": caller, "receiver": receiver, "capabilities": caps, "sealed": sealed}
     caller_agent = await relay.call(relay.store.get_agent, me.workspace, caller)
     receiver_agent = await relay.call(relay.store.get_agent, me.workspace, receiver)
     decision = may_grant(
@@ -255,8 +258,9 @@ async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, cap
     audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
     try:
         return await relay.call(
-            relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
-        )
+            relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit,
+            sealed=sealed,
+        )  # fmt: skip
     finally:
         relay.facts.forget()  # the door sees it at once here (other replicas: within 2 s)
 

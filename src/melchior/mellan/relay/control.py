@@ -120,6 +120,7 @@ def grant_view(grant: Grant) -> dict[str, Any]:
         "capabilities": list(grant.capabilities),
         "created_at": grant.created_at,
         "revoked_at": grant.revoked_at,
+        "sealed": grant.sealed,
     }
 
 
@@ -273,7 +274,10 @@ async def add_grant(request: Request) -> Response:
     body = await read_object(request, relay)
     caller = field_str(body, "caller")
     receiver = field_str(body, "receiver")
-    grant = await actions.add_grant(relay, me, caller, receiver, body.get("capabilities"))
+    sealed = field_bool(body, "sealed", False)
+    grant = await actions.add_grant(
+        relay, me, caller, receiver, body.get("capabilities"), sealed=sealed
+    )
     return JSON(grant_view(grant), 201)
 
 

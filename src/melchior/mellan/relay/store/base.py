@@ -158,6 +158,7 @@ class Grant:
     capabilities: tuple[str, ...]
     created_at: str
     revoked_at: str | None = None
+    sealed: bool = False  # every send on it must be sealed (schema v10)
 
 
 @dataclass(frozen=True)
@@ -660,6 +661,7 @@ class Store(Protocol):
         capabilities: Sequence[str],
         *,
         record: Record | None = None,
+        sealed: bool = False,
     ) -> Grant: ...
 
     def revoke_grant(
@@ -1124,7 +1126,7 @@ class Store(Protocol):
         """(url, secret, allow_private) for an agent with a wake URL, else None."""
         ...
 
-    # -- agents' public keys (schema v10, sealed tasks; store/agentkeys.py) -------------------
+    # -- agents' public keys (schema v10, sealed tasks; store/sealed.py) -------------------
     def set_agent_key(
         self,
         workspace: str,
@@ -1140,6 +1142,10 @@ class Store(Protocol):
 
     def agent_key(self, workspace: str, agent: str) -> AgentKey | None:
         """The public key registered for ``agent``, if any."""
+        ...
+
+    def sealed_capabilities(self, workspace: str, caller: str, receiver: str) -> frozenset[str]:
+        """The capabilities ``caller`` holds on ``receiver`` under a grant requiring sealing."""
         ...
 
     def sweep(self) -> int:

@@ -313,7 +313,8 @@ SQLITE: tuple[tuple[str, ...], ...] = (
     # v9 — nothing for SQLite: PostgreSQL's v9 is a function that writes a progress event
     # in one statement, saving round trips SQLite (in-process) does not pay
     (),
-    # v10 — sealed tasks: each agent's public key, bound to the agent (store/agentkeys.py)
+    # v10 — sealed tasks: each agent's public key, bound to the agent, and grants that
+    # require sealing (store/sealed.py)
     (
         """CREATE TABLE agent_key (
             workspace TEXT NOT NULL,
@@ -324,6 +325,8 @@ SQLITE: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (workspace, agent),
             FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
         ) STRICT""",
+        # a grant may require its sends to be sealed (mellan grant add … --sealed)
+        "ALTER TABLE agent_grant ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0",
     ),
 )
 
@@ -659,6 +662,7 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (workspace, agent),
             FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
         )""",
+        "ALTER TABLE agent_grant ADD COLUMN sealed boolean NOT NULL DEFAULT false",
     ),
 )
 

@@ -1,4 +1,5 @@
-"""Agents' public keys in the store (schema v10), written once above the two dialects.
+"""Sealed tasks in the store (schema v10): agents' public keys and grants that require
+sealing, written once above the two dialects.
 
 A sealed task is encrypted to the receiving agent's public key, which the caller fetches
 from the relay. The rules kept here: a key is **bound to an agent of the workspace** (the
@@ -7,15 +8,22 @@ it changed, with an audit record in the same transaction (``agent.key``), so the
 see every change a caller's pin would refuse; only the public half ever reaches the relay
 (it is validated as one by the control API before it gets here). The relay holds keys but
 is not trusted for them: callers pin what they first saw (``mellan/keys.py``).
+
+A grant made ``sealed`` requires every send on its capabilities to be sealed: a capability
+of (caller, receiver) requires it when any live grant covering it does
+(:meth:`SealedStore.sealed_capabilities`, read uncached by the door for unsealed sends
+only, so a sealed send pays nothing and a just-made grant holds at once).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from melchior.mellan.relay.store import _common as C
-from melchior.mellan.relay.store.base import AgentKey, NotFoundError, Record
+from melchior.mellan.relay.store.base import AgentKey, Grant, NotFoundError, Record
 
 T = TypeVar("T")
 Row = C.RowLike
@@ -31,8 +39,8 @@ class KeyTx(Protocol):
     def run(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
 
 
-class AgentKeys:
-    """The store's agent-key methods; a backend supplies ``_transact``, ``_read``, ``P``."""
+class SealedStore:
+    """The store's methods for sealed tasks; a backend supplies ``_transact``, ``_read``, ``P``."""
 
     P: ClassVar[str]
     NOW_SQL: ClassVar[str]
@@ -99,6 +107,22 @@ class AgentKeys:
             f"SELECT * FROM agent_key WHERE workspace = {p} AND agent = {p}", (workspace, agent)
         )
         return _key(rows[0]) if rows else None
+
+    def _seal_grant(self, tx: KeyTx, grant: Grant) -> Grant:
+        """Make a grant just inserted (in ``tx``) require sealing."""
+        p = self.P
+        tx.run(f"UPDATE agent_grant SET sealed = {p} WHERE id = {p}", (True, grant.id))
+        return dataclasses.replace(grant, sealed=True)
+
+    def sealed_capabilities(self, workspace: str, caller: str, receiver: str) -> frozenset[str]:
+        """The capabilities ``caller`` holds on ``receiver`` under a grant requiring sealing."""
+        p = self.P
+        rows = self._read(
+            "SELECT capabilities FROM agent_grant WHERE workspace = "
+            f"{p} AND caller = {p} AND receiver = {p} AND revoked_at IS NULL AND sealed = {p}",
+            (workspace, caller, receiver, True),
+        )
+        return frozenset(c for r in rows for c in json.loads(r["capabilities"]))
 
 
 def _key(r: Row) -> AgentKey:
