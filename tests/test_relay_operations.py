@@ -242,6 +242,9 @@ def seed_everything(s: Store) -> None:
     s.approve_route(WS, route.id, "owner:owner", record=rec)
     s.receiver_seen(WS, "private/ops", '{"name": "rx"}')
     s.set_wake(WS, "private/ops", "https://wake.example/ops", record=rec)
+    s.set_agent_key(
+        WS, "private/ops", "mellan-key-v1:" + "A" * 86, "0000-" * 9 + "0000", record=rec
+    )
 
 
 def canonical(url: str, table: str) -> list[tuple[Any, ...]]:

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("melchior.mellan.commands.agent", "add, list and show agents"),
     "enroll": ("melchior.mellan.commands.enroll", "mint a one-time enrollment code"),
     "join": ("melchior.mellan.commands.join", "exchange a code for an agent credential"),
+    "key": ("melchior.mellan.commands.key", "sealed tasks: show, pin and trust agents' keys"),
     "grant": ("melchior.mellan.commands.grant", "add, list and revoke directional grants"),
     "audit": ("melchior.mellan.commands.audit", "read (or --follow) the audit log"),
     "task": ("melchior.mellan.commands.task", "list, show and cancel tasks"),

@@ -99,3 +99,19 @@ def chosen_capability(capability: str | None, usable: Set[str]) -> str:
         return capability
     (only,) = usable
     return only
+
+
+def may_send_unsealed(
+    *, caller: str, receiver: str, capability: str, sealed_only: Set[str]
+) -> Decision:
+    """May this send on ``capability`` travel in clear? Not when a grant covering it
+    requires sealing (``mellan grant add … --sealed``): the owner asked that the relay never
+    hold its content. Asked of unsealed sends only; the caller holds the grant, so it may
+    learn the rule."""
+    if capability in sealed_only:
+        return refuse(
+            "sealed-grant",
+            f"the grant for {capability!r} from {caller} to {receiver} requires sealed sends; "
+            "send it sealed ('mellan send --seal')",
+        )
+    return allow("grant", f"no grant for {capability!r} on {receiver} requires sealing")

@@ -102,12 +102,18 @@ def _get_args(p: argparse.ArgumentParser) -> None:
 
 
 def _get(ns: argparse.Namespace) -> int:
-    agent = call(target(ns), "GET", f"/api/agents/{ns.id}")
+    t = target(ns)
+    agent = call(t, "GET", f"/api/agents/{ns.id}")
+    try:  # its key for sealed tasks, if it registered one (mellan join)
+        fingerprint = call(t, "GET", f"/api/keys/{ns.id}").get("fingerprint")
+    except CliError:
+        fingerprint = None
     if ns.json:
-        print_json(agent)
+        print_json(agent | {"key_fingerprint": fingerprint})
     else:
         _show(agent)
         print(f"  receiver: {receiver_cell(agent)}")
+        print(f"  key: {fingerprint or 'none (cannot receive sealed tasks)'}")
     return 0
 
 
@@ -208,7 +214,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         {
             "add": ("add an agent with its capabilities", _add_args, _add),
             "list": ("list the agents you may see", lambda p: None, _list),
-            "get": ("show one agent", _get_args, _get),
+            "get": ("show one agent (and its key's fingerprint)", _get_args, _get),
+            "show": ("the same as get", _get_args, _get),
             "wake": (
                 "show or set (URL, --off) where its receiver is woken (owner)",
                 _wake_args,

@@ -1,7 +1,9 @@
 """Directional grants: CALLER may invoke these CAPabilities on RECEIVER, and nothing else.
 
 The reverse direction and other capabilities are not implied. Both agents must exist and
-the receiver must declare every capability granted.
+the receiver must declare every capability granted. ``--sealed`` makes the grant require
+sealed sends (``mellan send --seal``): an unsealed one is refused at the relay's door
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("caller", metavar="CALLER")
     p.add_argument("receiver", metavar="RECEIVER")
     p.add_argument("capabilities", metavar="CAP", nargs="+")
+    p.add_argument("--sealed", action="store_true", help="every send on this grant must be sealed")
 
 
 def _add(ns: argparse.Namespace) -> int:
@@ -30,14 +33,20 @@ def _add(ns: argparse.Namespace) -> int:
         target(ns),
         "POST",
         "/api/grants",
-        {"caller": ns.caller, "receiver": ns.receiver, "capabilities": ns.capabilities},
+        {
+            "caller": ns.caller,
+            "receiver": ns.receiver,
+            "capabilities": ns.capabilities,
+            "sealed": ns.sealed,
+        },
     )
     if ns.json:
         print_json(grant)
     else:
         print(
             f"grant {grant['id']}: {grant['caller']} may invoke "
-            f"{', '.join(grant['capabilities'])} on {grant['receiver']} (this direction only)"
+            f"{', '.join(grant['capabilities'])} on {grant['receiver']} (this direction only"
+            + ("; sealed sends only)" if grant.get("sealed") else ")")
         )
     return 0
 
@@ -69,11 +78,14 @@ def _list(ns: argparse.Namespace) -> int:
             g["receiver"],
             ", ".join(g["capabilities"]),
             "revoked " + g["revoked_at"] if g["revoked_at"] else "active",
+            "sealed" if g.get("sealed") else "",
         ]
         for g in data["grants"]
     ]
     print(
-        table(["id", "caller", "receiver", "capabilities", "state"], rows) if rows else "no grants"
+        table(["id", "caller", "receiver", "capabilities", "state", "sealing"], rows)
+        if rows
+        else "no grants"
     )
     return 0
 

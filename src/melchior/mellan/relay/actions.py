@@ -22,6 +22,7 @@ from melchior.mellan.relay.limits import WORKSPACE_DEFAULTS
 from melchior.mellan.relay.notify import receiver_topic, task_topic
 from melchior.mellan.relay.store.base import (
     Agent,
+    AgentKey,
     Capability,
     Conflict,
     CredentialKind,
@@ -32,6 +33,7 @@ from melchior.mellan.relay.store.base import (
     Record,
     Task,
 )
+from melchior.mellan.sealing import PRIVATE_PREFIX, PublicKey
 from melchior.policy.grants import may_grant
 from melchior.policy.send_limits import Overrides, check_value, effective
 from melchior.policy.visibility import Party, may_see_task
@@ -221,9 +223,12 @@ async def revoke_enrollment(relay: Relay, me: Principal, enrollment_id: str) -> 
 # -- grants --------------------------------------------------------------------------------------
 
 
-async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, caps: Any) -> Grant:
+async def add_grant(
+    relay: Relay, me: Principal, caller: str, receiver: str, caps: Any, *, sealed: bool = False
+) -> Grant:
     """Let ``caller`` invoke ``caps`` on ``receiver``, this direction only, as
-    :func:`melchior.policy.grants.may_grant` decides; refusals are audited."""
+    :func:`melchior.policy.grants.may_grant` decides; refusals are audited. ``sealed``:
+    every send on it must be sealed (refused at the door otherwise)."""
     await owner_only(relay, me, "grant.add")
     if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
         raise bad("'capabilities' must be a non-empty list of capability ids")
@@ -232,7 +237,7 @@ async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, cap
             f"a grant names at most {MAX_CAPABILITIES} capability ids of at most 128 characters"
         )
     caps = list(dict.fromkeys(caps))
-    detail = {"caller": caller, "receiver": receiver, "capabilities": caps}
+    detail = {"caller": caller, "receiver": receiver, "capabilities": caps, "sealed": sealed}
     caller_agent = await relay.call(relay.store.get_agent, me.workspace, caller)
     receiver_agent = await relay.call(relay.store.get_agent, me.workspace, receiver)
     decision = may_grant(
@@ -253,8 +258,9 @@ async def add_grant(relay: Relay, me: Principal, caller: str, receiver: str, cap
     audit = Record(actor(me), "grant.add", decision.rule, decision.reason, detail)
     try:
         return await relay.call(
-            relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit
-        )
+            relay.store.add_grant, me.workspace, caller, receiver, caps, record=audit,
+            sealed=sealed,
+        )  # fmt: skip
     finally:
         relay.facts.forget()  # the door sees it at once here (other replicas: within 2 s)
 
@@ -413,3 +419,66 @@ async def set_limits(
     relay.limits.forget(me.workspace)
     stored = await relay.call(relay.store.limit_overrides, me.workspace)
     return limits_view(relay, stored, agent)
+
+
+# -- agents' public keys (sealed tasks) ----------------------------------------------------------
+
+
+async def set_agent_key(relay: Relay, me: Principal, agent: str, text: object) -> dict[str, Any]:
+    """Register an agent's public key: only the agent itself, with its own credential (the
+    key pair is made on its machine; an owner cannot bind a key it holds to an agent). The
+    text must be a public key (never a private one: refused with the reason). Audited when
+    the fingerprint changes, so every key a caller's pin would refuse is on the record."""
+    if is_owner(me) or agent != me.subject:
+        raise ApiError(
+            403, "forbidden", "an agent's key is registered by the agent itself ('mellan join')"
+        )
+    if isinstance(text, str) and text.startswith(PRIVATE_PREFIX):
+        raise bad("that is a private key; send only the public half (it never leaves the agent)")
+    try:
+        key = PublicKey.parse(text)
+    except ValueError as exc:
+        raise bad(f"public_key: {exc}") from None
+    audit = Record(
+        actor(me), "agent.key", "self", "the agent registered its public key",
+        {"fingerprint": key.fingerprint}, subject=agent,
+    )  # fmt: skip
+    try:
+        stored, changed = await relay.call(
+            relay.store.set_agent_key, me.workspace, agent, key.text(), key.fingerprint,
+            record=audit,
+        )  # fmt: skip
+    except NotFoundError:
+        raise not_found(f"agent {agent!r}") from None
+    return key_view(stored) | {"changed": changed}
+
+
+async def agent_key(relay: Relay, me: Principal, agent: str) -> dict[str, Any]:
+    """An agent's public key, for the owner, the agent itself, or an agent on either side of
+    a grant with it (a caller seals to it; a receiver checks the caller's signature and
+    seals the result back). Others are answered as for an unknown agent."""
+    if not is_owner(me) and agent != me.subject:
+        grants = await relay.call(
+            relay.store.list_grants, me.workspace, caller=me.subject, receiver=agent
+        )
+        if not grants:
+            grants = await relay.call(
+                relay.store.list_grants, me.workspace, caller=agent, receiver=me.subject
+            )
+        if not grants:
+            raise not_found(f"agent {agent!r}")
+    stored = await relay.call(relay.store.agent_key, me.workspace, agent)
+    if stored is None:
+        raise ApiError(
+            404, "no-key", f"agent {agent!r} has registered no key; it cannot receive sealed tasks"
+        )
+    return key_view(stored)
+
+
+def key_view(key: AgentKey) -> dict[str, Any]:
+    return {
+        "agent": key.agent,
+        "public_key": key.public_key,
+        "fingerprint": key.fingerprint,
+        "registered_at": key.registered_at,
+    }

@@ -120,6 +120,7 @@ def grant_view(grant: Grant) -> dict[str, Any]:
         "capabilities": list(grant.capabilities),
         "created_at": grant.created_at,
         "revoked_at": grant.revoked_at,
+        "sealed": grant.sealed,
     }
 
 
@@ -273,7 +274,10 @@ async def add_grant(request: Request) -> Response:
     body = await read_object(request, relay)
     caller = field_str(body, "caller")
     receiver = field_str(body, "receiver")
-    grant = await actions.add_grant(relay, me, caller, receiver, body.get("capabilities"))
+    sealed = field_bool(body, "sealed", False)
+    grant = await actions.add_grant(
+        relay, me, caller, receiver, body.get("capabilities"), sealed=sealed
+    )
     return JSON(grant_view(grant), 201)
 
 
@@ -476,6 +480,17 @@ async def limits(request: Request) -> Response:
     return JSON(actions.limits_view(relay, stored, agent))
 
 
+async def agent_key(request: Request) -> Response:
+    """GET: an agent's public key (owner, itself, either side of a grant); PUT: the agent
+    registers its own (``{"public_key": …}``; rules: ``actions.set_agent_key``)."""
+    relay, me = await _who(request)
+    agent_id = request.path_params["agent_id"]
+    if request.method == "PUT":
+        body = await read_object(request, relay)
+        return JSON(await actions.set_agent_key(relay, me, agent_id, body.get("public_key")))
+    return JSON(await actions.agent_key(relay, me, agent_id))
+
+
 async def dashboard_link(request: Request) -> Response:
     """``POST`` (owner): a one-time link that signs a browser in to the dashboard, for
     :data:`~melchior.mellan.relay.dashboard.sessions.LINK_TTL` seconds."""
@@ -495,6 +510,7 @@ def routes() -> list[BaseRoute]:
         Route("/agents", list_agents, methods=["GET"]),
         Route("/agents/{agent_id:path}", get_agent, methods=["GET"]),
         Route("/limits/{agent_id:path}", limits, methods=["GET", "PUT"]),
+        Route("/keys/{agent_id:path}", agent_key, methods=["GET", "PUT"]),
         Route("/enrollments", enroll, methods=["POST"]),
         Route("/enrollments", list_enrollments, methods=["GET"]),
         Route("/enrollments/{enrollment_id}/revoke", revoke_enrollment, methods=["POST"]),

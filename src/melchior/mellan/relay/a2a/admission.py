@@ -48,7 +48,8 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskState,
 )
-from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke
+from melchior.mellan.sealing import is_sealed
+from melchior.policy.grants import NOT_GRANTED, chosen_capability, may_invoke, may_send_unsealed
 from melchior.policy.outbound import check_url
 from melchior.policy.routes import session_key
 from melchior.policy.send_limits import RATE, Limits
@@ -208,6 +209,17 @@ async def decide(relay: Relay, caller: Caller, req: SendRequest) -> NewTask | Fo
     if not decision:
         await _refuse(relay, caller, decision.rule, decision.reason, detail)
     capability = chosen_capability(capability, granted & declared)
+    if not is_sealed(req.message):  # a sealed send pays nothing here; rules: store/sealed.py
+        sealed_only = await relay.call(
+            relay.store.sealed_capabilities, target.workspace, p.subject, target.agent
+        )
+        clear = may_send_unsealed(
+            caller=p.subject, receiver=target.agent, capability=capability, sealed_only=sealed_only
+        )
+        if not clear:
+            await _refuse(relay, caller, clear.rule, clear.reason, detail)
+    else:
+        detail["sealed"] = True
 
     chain = hops.envelope_of(p.subject, target.agent, req.message, req.metadata).chain
     assert chain is not None  # an A2A message always travels on a chain (hop 1 by default)

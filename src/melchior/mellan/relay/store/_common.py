@@ -115,7 +115,16 @@ def grant_from_row(r: RowLike) -> Grant:
         capabilities=tuple(json.loads(r["capabilities"])),
         created_at=iso(r["created_at"]),
         revoked_at=iso_or_none(r["revoked_at"]),
+        sealed=_sealed(r),
     )
+
+
+def _sealed(r: RowLike) -> bool:
+    """A grant's ``sealed`` (schema v10); False on a database not yet upgraded past it."""
+    try:
+        return bool(r["sealed"])
+    except (KeyError, IndexError):
+        return False
 
 
 def audit_from_row(r: RowLike) -> AuditRecord:

@@ -59,6 +59,16 @@ from melchior.mellan.relay.requestid import current as current_request_id
 from melchior.policy.send_limits import Overrides
 
 
+@dataclass(frozen=True)
+class AgentKey:
+    """An agent's registered public key (its text form), fingerprint and when it was set."""
+
+    agent: str
+    public_key: str
+    fingerprint: str
+    registered_at: str
+
+
 class StoreError(Exception):
     """Base of everything a store raises on purpose."""
 
@@ -148,6 +158,7 @@ class Grant:
     capabilities: tuple[str, ...]
     created_at: str
     revoked_at: str | None = None
+    sealed: bool = False  # every send on it must be sealed (schema v12)
 
 
 @dataclass(frozen=True)
@@ -650,6 +661,7 @@ class Store(Protocol):
         capabilities: Sequence[str],
         *,
         record: Record | None = None,
+        sealed: bool = False,
     ) -> Grant: ...
 
     def revoke_grant(
@@ -1112,6 +1124,28 @@ class Store(Protocol):
 
     def wake_target(self, workspace: str, agent: str) -> tuple[str, str, bool] | None:
         """(url, secret, allow_private) for an agent with a wake URL, else None."""
+        ...
+
+    # -- agents' public keys (schema v12, sealed tasks; store/sealed.py) -------------------
+    def set_agent_key(
+        self,
+        workspace: str,
+        agent: str,
+        public_key: str,
+        fingerprint: str,
+        *,
+        record: Record | None = None,
+    ) -> tuple[AgentKey, bool]:
+        """Register ``agent``'s public key, replacing any (audited when it changes); the
+        key and whether it changed. :class:`NotFoundError` for an unknown agent."""
+        ...
+
+    def agent_key(self, workspace: str, agent: str) -> AgentKey | None:
+        """The public key registered for ``agent``, if any."""
+        ...
+
+    def sealed_capabilities(self, workspace: str, caller: str, receiver: str) -> frozenset[str]:
+        """The capabilities ``caller`` holds on ``receiver`` under a grant requiring sealing."""
         ...
 
     def sweep(self) -> int:

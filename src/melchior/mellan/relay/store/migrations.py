@@ -405,6 +405,21 @@ SQLITE: tuple[tuple[str, ...], ...] = (
              FROM push_config c WHERE c.task_id = NEW.id;
            END""",
     ),
+    # v12 — sealed tasks: each agent's public key, bound to the agent, and grants that
+    # require sealing (store/sealed.py)
+    (
+        """CREATE TABLE agent_key (
+            workspace TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            public_key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            registered_at INTEGER NOT NULL,
+            PRIMARY KEY (workspace, agent),
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        ) STRICT""",
+        # a grant may require its sends to be sealed (mellan grant add … --sealed)
+        "ALTER TABLE agent_grant ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 COUNT_SLOTS = 8
@@ -830,6 +845,19 @@ POSTGRES: tuple[tuple[str, ...], ...] = (
            WHEN (NEW.push AND (NEW.state IS DISTINCT FROM OLD.state
                                OR NEW.turn IS DISTINCT FROM OLD.turn))
            EXECUTE FUNCTION push_on_state()""",
+    ),
+    # v12 — sealed tasks: each agent's public key (see the SQLite v12)
+    (
+        """CREATE TABLE agent_key (
+            workspace text NOT NULL,
+            agent text NOT NULL,
+            public_key text NOT NULL,
+            fingerprint text NOT NULL,
+            registered_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workspace, agent),
+            FOREIGN KEY (workspace, agent) REFERENCES agent(workspace, id)
+        )""",
+        "ALTER TABLE agent_grant ADD COLUMN sealed boolean NOT NULL DEFAULT false",
     ),
 )
 

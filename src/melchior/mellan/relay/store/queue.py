@@ -54,6 +54,7 @@ from melchior.mellan.relay.store.base import (
 from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.retention import Retention, RetentionTx
 from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
+from melchior.mellan.relay.store.sealed import KeyTx, SealedStore
 from melchior.mellan.relay.topics import audit_topic, receiver_topic, task_topic
 from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
@@ -66,7 +67,7 @@ DONE_CANCEL_ACK = ("cancelled",)
 _SESSION_CLEANUP = 100  # sessions past their absolute expiry deleted per new session, at most
 
 
-class Tx(PushTx, RetentionTx, RouteTx, Protocol):
+class Tx(PushTx, RetentionTx, RouteTx, KeyTx, Protocol):
     """One open write transaction: the named statements a backend provides.
 
     Each is one statement or one batch; none decides a rule. ``topics`` collects the
@@ -182,7 +183,7 @@ TALLIES = (
 """The names a store tallies, each once per task it concerns (the relay's counters)."""
 
 
-class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
+class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
     """:class:`~melchior.mellan.relay.store.base.Store` written once; a backend subclasses
     it with ``_transact`` (one write transaction around ``fn``), ``_read`` and its
     lifecycle (migrate, close, now, settle). ``tally``, when set, hears after each COMMIT
@@ -342,6 +343,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
         capabilities: Sequence[str],
         *,
         record: Record | None = None,
+        sealed: bool = False,
     ) -> Grant:
         caps = list(dict.fromkeys(capabilities))
 
@@ -350,6 +352,8 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue):
                 _need_agent(tx, workspace, agent)
             row = tx.insert_grant(C.new_id(), workspace, caller, receiver, C.json_list(caps))
             grant = C.grant_from_row(row)
+            if sealed:  # store/sealed.py: every send on it must be sealed
+                grant = self._seal_grant(tx, grant)
             self._notes(tx, [C.record_note(workspace, record, grant.id)])
             return grant
 

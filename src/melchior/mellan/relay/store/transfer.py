@@ -36,6 +36,7 @@ TABLES: tuple[str, ...] = (
     "credential",
     "agent",
     "agent_limits",
+    "agent_key",
     "enrollment",
     "agent_grant",
     "audit",
