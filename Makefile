@@ -63,7 +63,7 @@ test-streaming: $(STAMP)
 
 # The dashboard's screenshots in docs/dashboard/, taken by its browser tests (needs chromium).
 screenshots: $(STAMP)
-	MELLAN_SCREENSHOTS=docs/dashboard $(BIN)/pytest -m browser -q tests/test_dashboard_browser.py
+	MELLAN_SCREENSHOTS=docs/dashboard $(BIN)/pytest -m browser -q tests/relay/test_dashboard_browser.py
 
 # ruff, mypy strict, and the layers of docs/architecture.md (lint-imports: pyproject's
 # [tool.importlinter] contracts; an import that points up a layer fails here)

@@ -72,15 +72,15 @@ def free_port() -> int:
 def serve(db: str, info: Path) -> None:
     import uvicorn
 
-    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
-    from melchior.mellan.relay.app import create_app
     from melchior.mellan.relay.auth import hash_token, new_token
+    from melchior.mellan.relay.caches.limits import SendLimits
     from melchior.mellan.relay.context import Relay
-    from melchior.mellan.relay.limits import SendLimits
     from melchior.mellan.relay.notify import LocalNotifier
-    from melchior.mellan.relay.serve import MAX_HEADER_BYTES, HeaderLimitedH11, bind
+    from melchior.mellan.relay.server.app import create_app
+    from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11, bind
     from melchior.mellan.relay.store import open_store
     from melchior.mellan.relay.store.base import Capability, CredentialKind
+    from melchior.mellan.relay.surfaces.a2a.grpc_binding import GrpcEndpoint
     from melchior.policy.send_limits import Limits
 
     notifier = LocalNotifier()

@@ -74,12 +74,12 @@ def serve_mellan(db: str, info: Path) -> None:
 
     import uvicorn
 
-    from melchior.mellan.relay.app import create_app
     from melchior.mellan.relay.auth import hash_token, new_token
+    from melchior.mellan.relay.caches.limits import SendLimits
     from melchior.mellan.relay.context import Relay
-    from melchior.mellan.relay.limits import SendLimits
     from melchior.mellan.relay.notify import LocalNotifier
-    from melchior.mellan.relay.serve import MAX_HEADER_BYTES, HeaderLimitedH11
+    from melchior.mellan.relay.server.app import create_app
+    from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11
     from melchior.mellan.relay.store import open_store
     from melchior.mellan.relay.store.base import Capability, CredentialKind
     from melchior.policy.send_limits import Limits
@@ -101,7 +101,7 @@ def serve_mellan(db: str, info: Path) -> None:
     limits = SendLimits(Limits(1e6, 10**7, 10**7, 10**7))
     relay = Relay(store=store, notifier=notifier, public_url=url, limits=limits)
     info.write_text(json.dumps({"url": url, "rpc": f"{url}/a2a/{WS}/{RECEIVER}", **tokens}))
-    config = uvicorn.Config(  # as `mellan relay` serves (relay/serve.py)
+    config = uvicorn.Config(  # as `mellan relay` serves (relay/server/serve.py)
         create_app(relay),
         log_level="warning",
         http=HeaderLimitedH11,
@@ -314,7 +314,7 @@ def mellan_producer(info: dict[str, str]) -> None:
     """The receiver side for mellan's stream latency, in a process of its own as a receiver
     is (in the driver's process its HTTP client would share a GIL with the stream reader
     and delay both): stamp each event as it is sent. Runs until terminated."""
-    from melchior.mellan.client.receiver_api import ReceiverClient
+    from melchior.mellan.client.receiver import ReceiverClient
 
     with ReceiverClient(info["url"], info["receiver"]) as rc:
         while True:

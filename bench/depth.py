@@ -80,12 +80,12 @@ def serve(db: str, info: Path) -> None:
     workspace and agents (each depth step starts a fresh relay process on it)."""
     import uvicorn
 
-    from melchior.mellan.relay.app import create_app
     from melchior.mellan.relay.auth import hash_token, new_token
+    from melchior.mellan.relay.caches.limits import SendLimits
     from melchior.mellan.relay.context import Relay
-    from melchior.mellan.relay.limits import SendLimits
     from melchior.mellan.relay.notify import LocalNotifier
-    from melchior.mellan.relay.serve import MAX_HEADER_BYTES, HeaderLimitedH11
+    from melchior.mellan.relay.server.app import create_app
+    from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11
     from melchior.mellan.relay.store.base import CredentialKind
     from melchior.policy.send_limits import Limits
 

@@ -55,7 +55,7 @@ from typing import Any
 import httpx
 
 import _common
-from melchior.mellan.client.receiver_api import AsyncReceiverClient, ReceiverError
+from melchior.mellan.client.receiver import AsyncReceiverClient, ReceiverError
 
 MELLAN = str(Path(sys.executable).parent / "mellan")
 TASKS = int(os.environ.get("BENCH_TASKS", "300"))

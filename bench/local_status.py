@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 from melchior.wire import frames
-from melchior.wire.envelope import call, unwrap
+from melchior.wire.calls import call, unwrap
 
 PROJECT = "demo"
 

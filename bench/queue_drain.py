@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 
 from melchior.mellan.relay.notify import LocalNotifier, receiver_topic
-from melchior.mellan.relay.pgnotify import PgNotifier
+from melchior.mellan.relay.server.pgnotify import PgNotifier
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Capability, NewTask, Store
 

@@ -32,14 +32,14 @@ from typing import Any
 
 import uvicorn
 
-from melchior.mellan.client.receiver_api import ReceiverClient, ReceiverError
-from melchior.mellan.relay.app import create_app
+from melchior.mellan.client.receiver import ReceiverClient, ReceiverError
 from melchior.mellan.relay.auth import hash_token, new_token
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
-from melchior.mellan.relay.push import Pusher
+from melchior.mellan.relay.server.app import create_app
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Capability, CredentialKind, Store
+from melchior.mellan.relay.workers.push import Pusher
 
 WS = "acme"
 CALLER = "local/codex"
@@ -72,7 +72,7 @@ class Server:
             store=self.store, notifier=self.notifier, public_url=self.url, poll_interval=poll,
             **(relay or {}),
         )  # fmt: skip
-        if push is not None:  # the push deliverer with a test's pace (see relay/push.py)
+        if push is not None:  # the push deliverer with a test's pace (see relay/workers/push.py)
             self.relay.pusher = Pusher(self.relay, **push)
         config = uvicorn.Config(
             create_app(self.relay), log_level="warning", lifespan="on", timeout_graceful_shutdown=1
@@ -314,7 +314,7 @@ def pg_database() -> Iterator[str]:
 
 def grpc_on() -> dict[str, Any]:
     """Relay settings that serve the A2A gRPC binding on a free loopback port."""
-    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
+    from melchior.mellan.relay.surfaces.a2a.grpc_binding import GrpcEndpoint
 
     return {"grpc": GrpcEndpoint("127.0.0.1", 0)}
 
@@ -324,7 +324,7 @@ def replicas(db_url: str, *, grpc: bool = False) -> Iterator[tuple[Server, World
     """Two relay replicas on one PostgreSQL database, woken across replicas by LISTEN/NOTIFY
     as deployed: callers use the first (its ``peer`` is the second, for streams on a third
     connection), the receiver the second."""
-    from melchior.mellan.relay.pgnotify import PgNotifier
+    from melchior.mellan.relay.server.pgnotify import PgNotifier
 
     front = Server(db_url, notifier=PgNotifier(db_url), relay=grpc_on() if grpc else None)
     back = Server(db_url, notifier=PgNotifier(db_url), relay=grpc_on() if grpc else None)

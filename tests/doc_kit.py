@@ -89,7 +89,7 @@ def run_bash(
 
 # A block that is a template for the reader's own machine (their certificates, their
 # systemd, their database host), or one that runs part of this project's own suite, says
-# so on the line before its fence; tests/test_doc_blocks.py checks it as such.
+# so on the line before its fence; tests/docs/test_doc_blocks.py checks it as such.
 MARK = re.compile(r"<!-- doc-block: (template|suite): (.+?) -->")
 
 

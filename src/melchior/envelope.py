@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from melchior.policy.decision import Decision
 from melchior.policy.hops import Chain
-from melchior.wire.envelope import Refused
+from melchior.wire.calls import Refused
 
 if TYPE_CHECKING:  # fencing draws random markers; 'status' and 'who' never need it
     from melchior.policy.fence import Fenced

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from melchior import naming
-from melchior.naming import (
+from melchior import names_core as naming
+from melchior.names_core import (
     ENV_ID,
     ENV_PARENT,
     ENV_PROJECT,
@@ -35,7 +35,7 @@ from melchior.naming import (
     is_id,
     project_key,
 )
-from melchior.naming import _check_private_dir as _check_private_dir_str
+from melchior.names_core import _check_private_dir as _check_private_dir_str
 
 __all__ = [
     "ENV_ID",
@@ -120,13 +120,13 @@ def fallback_base() -> Path:
 
 def runtime_base(env: Mapping[str, str]) -> Path:
     """``$XDG_RUNTIME_DIR/melchior``, or ``/tmp/melchior-<uid>`` when that is unusable
-    (the rule is :func:`melchior.naming.runtime_base`)."""
+    (the rule is :func:`melchior.names_core.runtime_base`)."""
     return Path(naming.runtime_base(env))
 
 
 def registry_dir(project: str, env: Mapping[str, str] | None = None) -> Path:
     """The validated directory holding one project's sockets, created if missing (the
-    rule, with its ``sun_path`` budget, is :func:`melchior.naming.registry_dir`)."""
+    rule, with its ``sun_path`` budget, is :func:`melchior.names_core.registry_dir`)."""
     return Path(naming.registry_dir(project, env))
 
 

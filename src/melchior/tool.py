@@ -39,7 +39,7 @@ from melchior.policy.local import callee_answers, minter_ends
 from melchior.policy.walls import Talk, between
 from melchior.session.identity import Identity, for_tool
 from melchior.session.registry import Registry
-from melchior.wire.envelope import Refused
+from melchior.wire.calls import Refused
 
 ENV_CHAIN = "MAGI_MELCHIOR_CHAIN"
 """The chain ``{"chain","hop","path"}`` of the message the session is answering, if any."""

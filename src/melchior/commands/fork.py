@@ -33,7 +33,7 @@ def run(ns: argparse.Namespace) -> int:
     from melchior.session.identity import IdentityError
     from melchior.session.registry import Minted, Registry
     from melchior.wire import argv
-    from melchior.wire.envelope import refused
+    from melchior.wire.calls import refused
 
     try:
         project = names.project_from(os.environ, Path.cwd())

@@ -45,7 +45,7 @@ def run(ns: argparse.Namespace) -> int:
     from melchior.providers.config import ConfigError, read_providers
     from melchior.providers.discovery import discover
     from melchior.wire import argv
-    from melchior.wire.envelope import ok, refused
+    from melchior.wire.calls import ok, refused
 
     try:
         configs = read_providers()

@@ -124,7 +124,7 @@ def _open_state(config: PlaneConfig) -> Any:
 
 def _log(config: PlaneConfig, as_json: bool, after: int) -> int:
     from melchior.wire import argv
-    from melchior.wire.envelope import ok
+    from melchior.wire.calls import ok
 
     state = _open_state(config)
     if state is None:
@@ -147,7 +147,7 @@ def _log(config: PlaneConfig, as_json: bool, after: int) -> int:
 
 def _status(config: PlaneConfig, as_json: bool) -> int:
     from melchior.wire import argv
-    from melchior.wire.envelope import ok
+    from melchior.wire.calls import ok
 
     state = _open_state(config)
     if state is None:

@@ -79,7 +79,7 @@ def _json_usage_error(message: str) -> NoReturn:
     nothing on stdout) would reach it as "the command printed nothing".
     """
     from melchior.wire import argv
-    from melchior.wire.envelope import refused
+    from melchior.wire.calls import refused
 
     argv.emit(refused(f"{message}; see 'melchior tool --help'", code="bad-args"))
     sys.exit(2)
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(ns: argparse.Namespace | SimpleNamespace) -> int:
     from melchior.wire import argv
-    from melchior.wire.envelope import Refused, ok, refused
+    from melchior.wire.calls import Refused, ok, refused
 
     if ns.schema:
         from melchior.tool import schema
@@ -113,8 +113,8 @@ def run(ns: argparse.Namespace | SimpleNamespace) -> int:
         return 2
     if ns.verb == "status":
         # A session asking about itself, the most frequent request, without importing the
-        # vocabulary; None when the general path must decide (melchior.tool_quick).
-        from melchior.tool_quick import status
+        # vocabulary; None when the general path must decide (melchior.quick_status).
+        from melchior.quick_status import status
 
         try:
             quick = status(ns)

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     from melchior.session.verbs import VERBS
     from melchior.wire import argv
-    from melchior.wire.envelope import ok
+    from melchior.wire.calls import ok
 
     argv.emit(ok([v.as_dict() for v in VERBS]))
     return 0

@@ -52,8 +52,8 @@ from melchior.session.identity import Identity
 from melchior.session.registry import Registry
 from melchior.session.serve import Output, Serve, split_about
 from melchior.tool import ENV_CHAIN, Usage, perform
+from melchior.wire.calls import Refused, ok, refused
 from melchior.wire.codec import JSONObject
-from melchior.wire.envelope import Refused, ok, refused
 
 MAX_STOP_WAKES = 3
 """Times one turn may be kept going at its end by waiting messages; then they wait."""

@@ -187,7 +187,7 @@ def run(
 ) -> int:
     """One hook: read, ask the bridge, print its answer. Never fails the agent's work."""
     from melchior.session.client import Unreachable
-    from melchior.wire.envelope import Refused
+    from melchior.wire.calls import Refused
 
     try:
         data = read_input(payload, stdin)

@@ -42,8 +42,8 @@ from melchior.integrations.present import render_one
 from melchior.integrations.relay_caller import TOOLS as RELAY_TOOLS
 from melchior.integrations.relay_caller import RelayCaller, RelayRefused
 from melchior.tool import Usage
+from melchior.wire.calls import Refused, ok, refused
 from melchior.wire.codec import JSONObject
-from melchior.wire.envelope import Refused, ok, refused
 
 CHANNEL = "claude/channel"
 CHANNEL_METHOD = "notifications/claude/channel"

@@ -50,8 +50,8 @@ _WHERE = {
     "agent_credential": "melchior.mellan.credentials",
     "ClientTls": "melchior.mellan.transport",
     "TransportError": "melchior.mellan.transport",
-    "ReceiverClient": "melchior.mellan.client.receiver_api",
-    "AsyncReceiverClient": "melchior.mellan.client.receiver_api",
+    "ReceiverClient": "melchior.mellan.client.receiver",
+    "AsyncReceiverClient": "melchior.mellan.client.receiver",
 }
 
 __all__ = [
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
     from melchior.mellan.client.caller import AsyncRelayClient, RelayClient
     from melchior.mellan.client.errors import RelayError
-    from melchior.mellan.client.receiver_api import AsyncReceiverClient, ReceiverClient
+    from melchior.mellan.client.receiver import AsyncReceiverClient, ReceiverClient
     from melchior.mellan.client.views import Identity, TaskEvent, TaskPage, TaskView
     from melchior.mellan.credentials import AgentCredential, CredentialError, agent_credential
     from melchior.mellan.transport import ClientTls, TransportError

@@ -24,7 +24,7 @@ from typing import Any
 
 from melchior.policy.doors import agent_may_change_team, team_command
 from melchior.policy.quotas import PER_TURN, per_turn
-from melchior.wire.envelope import Refused
+from melchior.wire.calls import Refused
 
 ENV_AGENT = "MELCHIOR_PLANE_AGENT"
 ENV_OUTBOX = "MELCHIOR_PLANE_OUTBOX"

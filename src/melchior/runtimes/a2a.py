@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from melchior.a2a_envelope import text_of, to_a2a
+from melchior.a2a_message import text_of, to_a2a
 from melchior.envelope import Message
 from melchior.policy import route_options as ro
 from melchior.policy.outbound import may_carry_credential

@@ -145,7 +145,8 @@ SUPPORT = Support(
     shape=shape(r"^\s*{v} \(Claude Code\)"),
 )
 """The releases this adapter drives: every flag and choice it passes is in 2.1.259 and
-later (checked against the real CLIs, oldest and newest, by tests/test_runtimes_real_clis.py)."""
+later (checked against the real CLIs, oldest and newest, by
+tests/runtimes/test_runtimes_real_clis.py)."""
 
 
 @dataclass(frozen=True)

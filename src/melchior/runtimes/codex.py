@@ -108,7 +108,7 @@ SUPPORT = Support(
     since=(Since("add_dirs", "--add-dir", Version("0.59.0")),),
 )
 """The releases this adapter drives (checked against the real CLIs, oldest and newest, by
-tests/test_runtimes_real_clis.py); ``add_dirs`` needs ``exec --add-dir``, new in 0.59.0."""
+tests/runtimes/test_runtimes_real_clis.py); ``add_dirs`` needs ``exec --add-dir``, new in 0.59.0."""
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ SUPPORT = Support(
     ),
 )
 """The releases this adapter drives (checked against the real CLIs, oldest and newest, by
-tests/test_runtimes_real_clis.py). ``context_files = false`` needs ``--no-context-files``
+tests/runtimes/test_runtimes_real_clis.py). ``context_files = false`` needs ``--no-context-files``
 (0.67.4) and ``builtin_tools = false`` needs ``--no-builtin-tools`` as 0.70.0 made it
 (earlier it was missing, then it disabled extension tools too, send_to included)."""
 

@@ -215,7 +215,7 @@ def plane_system(plane: PlaneSeat, env: Mapping[str, str]) -> str:
 
 def call_tool(call: ToolCall, plane: PlaneSeat | None, env: Mapping[str, str]) -> tuple[str, bool]:
     """Carry out one tool call through the plane's verbs; (result text, is_error)."""
-    from melchior.wire.envelope import Refused
+    from melchior.wire.calls import Refused
 
     if plane is None:
         return f"there is no tool {call.name!r}; this turn has no tools", True

@@ -13,9 +13,9 @@ import os
 import struct
 
 from melchior.wire import frames
+from melchior.wire.calls import call as make_call
+from melchior.wire.calls import unwrap
 from melchior.wire.codec import TYPE_CHECKING, JSONObject, WireError
-from melchior.wire.envelope import call as make_call
-from melchior.wire.envelope import unwrap
 
 if TYPE_CHECKING:  # socket (enums, selectors), pathlib and typing cost the tool's start-up
     import socket

@@ -50,8 +50,8 @@ from melchior.session.registry import Registry
 from melchior.session.verbs import BY_NAME, VERBS
 from melchior.wire import lines
 from melchior.wire import server as wire_server
+from melchior.wire.calls import Refused, event, refused
 from melchior.wire.codec import JSONObject, WireError
-from melchior.wire.envelope import Refused, event, refused
 
 CHECK_INTERVAL = 2.0
 """Seconds between checks that our socket is still published (and re-publishing)."""

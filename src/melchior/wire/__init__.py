@@ -2,8 +2,7 @@
 encoding (UTF-8 JSON objects). Written out once so that no two wires grow two ways
 to say the same thing."""
 
-from melchior.wire.codec import JSONObject, WireError, decode, encode
-from melchior.wire.envelope import (
+from melchior.wire.calls import (
     FAMILY,
     TAG,
     Refused,
@@ -16,6 +15,7 @@ from melchior.wire.envelope import (
     shape,
     unwrap,
 )
+from melchior.wire.codec import JSONObject, WireError, decode, encode
 from melchior.wire.limits import DEFAULT_LIMIT, frame_limit
 
 __all__ = [

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from melchior.wire.calls import shape
 from melchior.wire.codec import JSONObject, WireError, decode
-from melchior.wire.envelope import shape
 from melchior.wire.frames import FrameDecoder
 
 FORBIDDEN_TAGS = ("type", "kind", "method", "action", "op", "cmd", "command", "msg_type", "tag")

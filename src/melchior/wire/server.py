@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from melchior.wire import frames
+from melchior.wire.calls import Refused, check_family, ok, refusal_of, refused, shape
 from melchior.wire.codec import JSONObject, WireError
-from melchior.wire.envelope import Refused, check_family, ok, refusal_of, refused, shape
 from melchior.wire.limits import frame_limit
 
 CallHandler = Callable[[str, list[Any], JSONObject], Awaitable[list[Any]]]

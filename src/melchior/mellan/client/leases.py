@@ -5,7 +5,7 @@ relay can and cannot make this machine do"). Everything in a lease comes from th
 the task's ids and names end up in a model's prompt header, in environment variables, in
 file names and URLs; the route decides what runs; the turn and attempt numbers pick
 spool entries. So a lease is read against the relay's own patterns
-(:mod:`melchior.mellan.ids`, :mod:`melchior.policy.routes`) and the receiver's idea of
+(:mod:`melchior.mellan.ids`, :mod:`melchior.policy.task_routes`) and the receiver's idea of
 itself (a lease for another agent is not ours), and a lease that fails any check is not
 half-run: it becomes a :class:`MalformedLease` naming the field, which the receiver
 reports as a failure (when its task id and epoch are usable) or drops.
@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from melchior.mellan.ids import AGENT_ID, CAPABILITY_ID, ROUTE_ID, TASK_ID
-from melchior.policy.routes import ADAPTERS, MAX_CWD, PROFILE, SESSION
+from melchior.policy.task_routes import ADAPTERS, MAX_CWD, PROFILE, SESSION
 
 MAX_TURN = 100_000
 MAX_ATTEMPT = 100_000

@@ -25,7 +25,7 @@ from melchior import __version__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from melchior.mellan.relay import settings
+    from melchior.mellan.relay.server import settings
 
     parser.add_argument("--version", action="version", version=f"mellan {__version__}")
     settings.add_arguments(parser)
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from melchior.mellan.relay import settings
+    from melchior.mellan.relay.server import settings
 
     try:
         resolved = settings.resolve(ns, os.environ)
@@ -82,7 +82,7 @@ def run(ns: argparse.Namespace) -> int:
         print(settings.print_config(resolved, as_json=bool(resolved["json"])))
         return 0
 
-    from melchior.mellan.relay.serve import RelayOptions, serve
+    from melchior.mellan.relay.server.serve import RelayOptions, serve
     from melchior.policy.send_limits import Limits
 
     return serve(
@@ -117,7 +117,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _backup(database: str | None, target: Path) -> int:
-    from melchior.mellan.relay.backup import BackupError, backup, sqlite_path
+    from melchior.mellan.relay.server.backup import BackupError, backup, sqlite_path
 
     try:
         source = sqlite_path(database)

@@ -27,7 +27,7 @@ import time
 from typing import TextIO
 
 from melchior import __version__
-from melchior.mellan.client.receiver_api import (
+from melchior.mellan.client.receiver import (
     AsyncReceiverClient,
     ClaimedTask,
     MalformedLease,

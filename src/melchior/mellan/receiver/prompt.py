@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from melchior.a2a_envelope import from_a2a, text_of
+from melchior.a2a_message import from_a2a, text_of
 from melchior.envelope import Message
 
 MODEL_ADAPTERS = frozenset({"claude-code", "codex", "pi", "provider"})

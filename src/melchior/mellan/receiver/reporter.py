@@ -29,7 +29,7 @@ import asyncio
 import random
 from collections.abc import Callable
 
-from melchior.mellan.client.receiver_api import AsyncReceiverClient, ReceiverError
+from melchior.mellan.client.receiver import AsyncReceiverClient, ReceiverError
 from melchior.mellan.outcome import Outcome
 from melchior.mellan.receiver.spool import Report, Spool
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from melchior.mellan.client.receiver_api import (
+from melchior.mellan.client.receiver import (
     AsyncReceiverClient,
     ClaimedTask,
     MalformedLease,

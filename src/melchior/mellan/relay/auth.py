@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from starlette.requests import Request
 
-from melchior.mellan.relay.memo import Memo
+from melchior.mellan.relay.caches.memo import Memo
 from melchior.mellan.relay.store.base import CredentialKind, Principal, Task
 from melchior.policy.visibility import Parties, Viewer
 

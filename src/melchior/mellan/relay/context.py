@@ -14,20 +14,20 @@ from starlette.concurrency import run_in_threadpool
 
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
-from melchior.mellan.relay.facts import DoorFacts
-from melchior.mellan.relay.fresh import FreshEvents
-from melchior.mellan.relay.limits import SendLimits
-from melchior.mellan.relay.memo import Memo
+from melchior.mellan.relay.caches.facts import DoorFacts
+from melchior.mellan.relay.caches.fresh import FreshEvents
+from melchior.mellan.relay.caches.limits import SendLimits
+from melchior.mellan.relay.caches.memo import Memo
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import Notifier
 from melchior.mellan.relay.store.base import Store, StoreUnavailable
 
 if TYPE_CHECKING:
-    from melchior.mellan.relay.a2a.grpc_binding import GrpcEndpoint
-    from melchior.mellan.relay.a2a.watch import Watches
-    from melchior.mellan.relay.presence import Presence
-    from melchior.mellan.relay.push import Pusher
-    from melchior.mellan.relay.wake import Waker
+    from melchior.mellan.relay.caches.presence import Presence
+    from melchior.mellan.relay.surfaces.a2a.grpc_binding import GrpcEndpoint
+    from melchior.mellan.relay.watch import Watches
+    from melchior.mellan.relay.workers.push import Pusher
+    from melchior.mellan.relay.workers.wake import Waker
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -88,8 +88,8 @@ class Relay:
     """Where the A2A gRPC binding listens (started by the app's lifespan); None: off."""
 
     def __post_init__(self) -> None:
-        from melchior.mellan.relay.a2a.watch import Watches
-        from melchior.mellan.relay.presence import Presence
+        from melchior.mellan.relay.caches.presence import Presence
+        from melchior.mellan.relay.watch import Watches
 
         self.batcher = Batcher(self)
         self.credentials = Credentials()

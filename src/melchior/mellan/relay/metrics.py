@@ -134,7 +134,7 @@ def receivers_online(store: Store) -> dict[str, int]:
     """Receivers online per workspace, by the one rule the agents API and the dashboard
     use (:func:`melchior.policy.presence.receiver_online`, from the stored sightings every
     replica writes), so every replica and every page report the same number."""
-    from melchior.mellan.relay.presence import view
+    from melchior.mellan.relay.caches.presence import view
 
     now = store.now()
     out: dict[str, int] = {}

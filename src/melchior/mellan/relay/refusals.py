@@ -85,7 +85,8 @@ def unavailable_reason(exc: BaseException) -> str:
     )
 
 
-# -- the API's exception handlers (one Mount, one place; see melchior.mellan.relay.app) ---------
+# -- the API's exception handlers (one Mount, one place; see melchior.mellan.relay.server.app)
+# ---------
 
 
 async def api_error(request: Request, exc: Exception) -> Response:

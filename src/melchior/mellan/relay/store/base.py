@@ -322,7 +322,7 @@ class NewRoute:
     workspace: str
     agent: str  # the receiving agent (the proposer)
     capability: str
-    adapter: str  # one of melchior.policy.routes.ADAPTERS
+    adapter: str  # one of melchior.policy.task_routes.ADAPTERS
     proposed_by: str  # actor, e.g. "agent:private/ops"
     session: str | None = None  # a bound coding-agent session id
     cwd: str | None = None  # absolute working directory on the receiver's machine
@@ -733,7 +733,7 @@ class Store(Protocol):
     def set_witness(self, witness: Callable[[Sequence[Chained]], None] | None) -> None:
         """Install the after-commit callback told of every event a commit wrote, each with
         its predecessor, *before* the commit's wake-ups are published (the relay hands
-        them to its own streams without a read: :mod:`melchior.mellan.relay.fresh`)."""
+        them to its own streams without a read: :mod:`melchior.mellan.relay.caches.fresh`)."""
         ...
 
     # -- send limits (schema v8) ------------------------------------------------------------

@@ -16,7 +16,7 @@ the live lease epoch; a later turn or a cancel changes the row's turn, epoch or
 ``updated_at``). So a result read once is kept, keyed by all of those, within a bounded
 budget of characters; three clients polling one 15 MiB answer then cost one read, not
 one each. The same ``str`` object is handed out on every hit, which lets the A2A views
-keep what they derived from it (:mod:`melchior.mellan.relay.a2a.views`).
+keep what they derived from it (:mod:`melchior.mellan.relay.surfaces.a2a.views`).
 """
 
 from __future__ import annotations

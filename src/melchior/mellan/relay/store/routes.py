@@ -15,7 +15,7 @@ A route says how one receiving agent runs one capability. The rules kept here:
 - **A route names an agent of the workspace** (the proposer).
 
 Sightings (:meth:`RouteQueue.receiver_seen`) are a plain stamp on the agent row; the
-relay writes one at most every few seconds per agent (:mod:`melchior.mellan.relay.presence`).
+relay writes one at most every few seconds per agent (:mod:`melchior.mellan.relay.caches.presence`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""ListTasks: the caller's own tasks to one agent, newest first, in pages.
+
+An owner sees every task addressed to the agent. A page token is a task id the caller
+can see; any other token is refused the same way whether it names someone else's task
+or nothing, so tokens cannot be used to probe for tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from melchior.mellan.relay.context import Relay
+from melchior.mellan.relay.store.base import Store, Task, TaskEvent, TaskState, TaskTurn
+from melchior.mellan.relay.surfaces.a2a import views
+from melchior.mellan.relay.surfaces.a2a.access import Caller
+from melchior.mellan.relay.surfaces.a2a.errors import InvalidParams
+from melchior.mellan.relay.surfaces.a2a.requests import ListRequest
+from melchior.mellan.relay.surfaces.a2a.timefmt import parse_ts
+
+
+def _page(store: Store, caller: Caller, req: ListRequest) -> tuple[list[Task], str, int]:
+    target = caller.target
+    who = None if caller.is_owner else caller.principal.subject
+    states: Sequence[TaskState] | None = None
+    if req.status is not None:
+        states = views.QUEUE_STATES[req.status]
+        if not states:
+            return [], "", 0
+    if not caller.same_workspace:
+        return [], "", 0
+    if req.page_token is not None:
+        anchor = store.get_task(target.workspace, req.page_token)
+        if anchor is None or not caller.can_see(anchor):
+            raise InvalidParams(
+                "pageToken is not valid here", violations=[("pageToken", "unknown")]
+            )
+    cutoff = parse_ts(req.status_timestamp_after) if req.status_timestamp_after else None
+
+    def fetch(after: str | None, limit: int) -> list[Task]:
+        rows = store.list_tasks(
+            target.workspace,
+            caller=who,
+            receiver=target.agent,
+            context_id=req.context_id,
+            states=states,
+            after=after,
+            limit=limit,
+        )
+        if cutoff is not None:
+            rows = [t for t in rows if parse_ts(t.updated_at) > cutoff]
+        return rows
+
+    rows = fetch(req.page_token, req.page_size + 1)
+    page, more = rows[: req.page_size], len(rows) > req.page_size
+    total, cursor = 0, None
+    while True:  # totalSize: count the caller's matching tasks, in pages of the store's size
+        batch = store.list_tasks(
+            target.workspace,
+            caller=who,
+            receiver=target.agent,
+            context_id=req.context_id,
+            states=states,
+            after=cursor,
+            limit=500,
+        )
+        if cutoff is not None:
+            total += sum(1 for t in batch if parse_ts(t.updated_at) > cutoff)
+        else:
+            total += len(batch)
+        if len(batch) < 500:
+            break
+        cursor = batch[-1].id
+    return page, (page[-1].id if more and page else ""), total
+
+
+async def list_tasks(relay: Relay, caller: Caller, req: ListRequest) -> dict[str, Any]:
+    page, token, total = await relay.call(_page, relay.store, caller, req)
+    hist = 0 if req.history_length is None else req.history_length
+    tasks = []
+    for task in page:
+        events: list[TaskEvent] = []
+        turns: list[TaskTurn] = []
+        if hist or req.include_artifacts:
+            events = await relay.call(relay.store.events_after, task.id, 0)
+            if task.turn > 1:
+                turns = await relay.call(relay.store.turns, task.id)
+        tasks.append(
+            views.task_view(
+                task,
+                events,
+                history_length=hist,
+                include_artifacts=req.include_artifacts,
+                turns=turns,
+            )
+        )
+    return {"tasks": tasks, "nextPageToken": token, "pageSize": req.page_size, "totalSize": total}

@@ -1,0 +1,108 @@
+"""Sealed sends at a real relay, on both backends: a grant made ``--sealed`` refuses an
+unsealed send at the door with its rule; a sealed one is accepted and stored as
+ciphertext — the database's bytes (SQLite's file, PostgreSQL's rows) never hold the
+payload — and what the relay hands the receiver opens with the receiver's key, bound to
+the task's routing fields."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from test_mellan_cli import Cli, owner
+
+from melchior.mellan.keys import load_keypair
+from melchior.mellan.relay.store.base import Store
+from melchior.mellan.sealing import (
+    Binding,
+    PublicKey,
+    envelope_of,
+    open_envelope,
+    seal,
+    sealed_message,
+)
+from relay_proc import RelayProc, db_url_fixture, relay_fixture, store_fixture
+
+__all__ = ["db_url_fixture", "owner", "relay_fixture", "store_fixture"]
+
+CAP = "incident.inspect"
+
+
+def _send(relay: RelayProc, ws: str, token: str, message: dict[str, Any]) -> httpx.Response:
+    return httpx.post(
+        f"{relay.url}/a2a/{ws}/private/ops/message:send",
+        json={"message": message, "configuration": {"returnImmediately": True}},
+        headers={"A2A-Version": "1.0", "Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+def _database_text(db_url: str) -> bytes:
+    """Everything the database holds, as bytes: the SQLite files, or every PostgreSQL row."""
+    if db_url.startswith("sqlite"):
+        path = Path(db_url.removeprefix("sqlite://"))
+        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    out = []
+    with psycopg.connect(db_url) as c:
+        tables = [r[0] for r in c.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        )]  # fmt: skip
+        for t in tables:
+            for row in c.execute(f'SELECT * FROM "{t}"'):
+                out.append(repr(row).encode())
+    return b"\n".join(out)
+
+
+def test_a_sealed_grant_refuses_clear_sends_and_the_relay_holds_only_ciphertext(
+    relay: RelayProc, owner: Cli, store: Store, db_url: str, tmp_path: Path
+) -> None:
+    owner("agent", "add", "private/ops", "--capability", CAP)
+    owner("agent", "add", "local/codex")
+    out = owner("grant", "add", "local/codex", "private/ops", CAP, "--sealed")
+    assert "sealed sends only" in out
+    assert "sealed" in owner("grant", "list")
+    machines: dict[str, Path] = {}
+    for agent in ("private/ops", "local/codex"):
+        home = tmp_path / agent.replace("/", "-")
+        Cli(home)("join", owner.json("enroll", agent)["code"], "--relay", relay.url)
+        machines[agent] = home / "config" / "mellan" / "agents"
+    token = json.loads((machines["local/codex"] / "local" / "codex.json").read_text())["token"]
+    (ws,) = store.workspaces()
+    secret = "ledger-" + secrets.token_hex(12)
+
+    # in clear: refused at the door, naming the rule, and nothing stored
+    clear = {"messageId": "m-clear", "role": "ROLE_USER", "parts": [{"text": secret}]}
+    refused = _send(relay, ws, token, clear)
+    assert refused.status_code == 403, refused.text
+    assert "requires sealed sends" in refused.text
+    assert "mellan send --seal" in refused.text
+    assert any(r.rule == "sealed-grant" for r in store.audit_since(ws))
+
+    # sealed: accepted, and the database never holds the payload
+    me = load_keypair(machines["local/codex"], "local/codex")
+    with relay.client(token) as http:
+        ops_key = PublicKey.parse(http.get("/api/keys/private/ops").json()["public_key"])
+    binding = Binding(
+        direction="request", workspace=ws, caller="local/codex", receiver="private/ops",
+        capability=CAP, context=None, task=None, message="m-sealed",
+    )  # fmt: skip
+    envelope = seal([{"text": secret}], binding=binding, to=ops_key, sender=me)
+    accepted = _send(relay, ws, token, sealed_message(envelope, message_id="m-sealed"))
+    assert accepted.status_code == 200, accepted.text
+    assert secret not in accepted.text
+    assert secret.encode() not in _database_text(db_url)
+
+    # what the relay stored opens with the receiver's key, for exactly this task's fields
+    (task,) = [t for t in store.list_tasks(ws) if t.caller == "local/codex"]
+    stored = json.loads(task.payload)
+    opened = open_envelope(
+        envelope_of(stored.get("message", stored)),
+        binding=binding,
+        me=load_keypair(machines["private/ops"], "private/ops"),
+        sender=me.public,
+    )
+    assert opened.parts[0]["text"] == secret
