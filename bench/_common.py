@@ -8,14 +8,16 @@ ratio taken in one run cancels most of that.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import socket
 import statistics
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,3 +178,26 @@ def start_mellan_relay(db: str, home: Path, *extra: str) -> tuple[subprocess.Pop
         raise SystemExit(f"the relay did not start ({proc.wait()})")
     threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     return proc, url, token_file.read_text().strip()
+
+
+PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def throwaway_database(engine: str, sqlite_file: Path, label: str) -> Iterator[str]:
+    """A relay database for one measurement: the SQLite file given, or a fresh
+    PostgreSQL database on the test server (``bench_<label>_<random>``), dropped after
+    (``WITH (FORCE)``: a killed relay may still hold connections)."""
+    if engine == "sqlite":
+        yield f"sqlite://{sqlite_file}"
+        return
+    import psycopg
+
+    name = f"bench_{label}_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,26 +41,14 @@ SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 
 
 DB = os.environ.get("BENCH_DB", "sqlite")
-PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @contextlib.contextmanager
 def database(home: Path) -> Iterator[str]:
     """The relay's database: a SQLite file, or (``BENCH_DB=postgres``) a fresh
     PostgreSQL database on the test server, dropped after."""
-    if DB == "sqlite":
-        yield f"sqlite://{home / 'relay.db'}"
-        return
-    import psycopg
-
-    name = f"bench_big_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _common.throwaway_database(DB, home / "relay.db", "big") as url:
+        yield url
 
 
 def start(db: str, home: Path) -> tuple[subprocess.Popen[str], str, str]:

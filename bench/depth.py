@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 
-import a2a_send  # (the bench directory is not a package: found by the path above)
+import _common  # (the bench directory is not a package: found by the path above)
+import a2a_send
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Caps, NewTask, Store
 
 WS, CALLER, RECEIVER, CAP = a2a_send.WS, a2a_send.CALLER, a2a_send.RECEIVER, a2a_send.CAP
-PG_ADMIN = a2a_send.PG_ADMIN
 ADMITS = int(os.environ.get("BENCH_ADMITS", "2000"))  # tasks stored in batches of 50
 SINGLES = int(os.environ.get("BENCH_SINGLES", "300"))  # tasks stored one by one
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "200"))
@@ -269,19 +269,8 @@ def step(engine: str, url: str, tmp: Path) -> dict[str, float]:
 
 @contextlib.contextmanager
 def database(engine: str, tmp: Path, label: str = "depth") -> Iterator[str]:
-    if engine == "sqlite":
-        yield f"sqlite://{tmp / label}.db"
-        return
-    import psycopg
-
-    name = f"bench_depth_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _common.throwaway_database(engine, tmp / f"{label}.db", "depth") as url:
+        yield url
 
 
 def run_engine(engine: str, depths: list[int]) -> None:

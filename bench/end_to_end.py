@@ -63,7 +63,6 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "8"))
 RECEIVER_CONCURRENCY = int(os.environ.get("BENCH_RECEIVER_CONCURRENCY", "4"))
 CHAOS_SECONDS = float(os.environ.get("BENCH_CHAOS_SECONDS", "60"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "3"))
-PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 CALLER, RECEIVER, CAP = "bench/caller", "bench/ops", "bench.run"
 COUNTER = '[ -n "$COUNT_FILE" ] && echo "$MELLAN_TASK_ID" >> "$COUNT_FILE"; exit 0'
 
@@ -118,19 +117,8 @@ def setup(relay: Relay, work: Path, argv: list[str]) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def database(engine: str, root: Path) -> Iterator[str]:
-    if engine == "sqlite":
-        yield f"sqlite://{root / 'relay.db'}"
-        return
-    import psycopg
-
-    name = f"bench_e2e_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _common.throwaway_database(engine, root / "relay.db", "e2e") as url:
+        yield url
 
 
 # -- the two receivers -----------------------------------------------------------------------
