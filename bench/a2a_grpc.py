@@ -42,8 +42,6 @@ import grpc
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 
 from a2a_send import (
-    CALLER,
-    CAP,
     CONCURRENCY,
     EVENTS,
     RECEIVER,
@@ -56,6 +54,7 @@ from a2a_send import (
     mellan_producer,
     pct,
     rpc,
+    seed_bench_store,
     stream_latencies,
 )
 
@@ -72,27 +71,18 @@ def free_port() -> int:
 def serve(db: str, info: Path) -> None:
     import uvicorn
 
-    from melchior.mellan.relay.auth import hash_token, new_token
     from melchior.mellan.relay.caches.limits import SendLimits
     from melchior.mellan.relay.context import Relay
     from melchior.mellan.relay.notify import LocalNotifier
     from melchior.mellan.relay.server.app import create_app
     from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11, bind
     from melchior.mellan.relay.store import open_store
-    from melchior.mellan.relay.store.base import Capability, CredentialKind
     from melchior.mellan.relay.surfaces.a2a.grpc_binding import GrpcEndpoint
     from melchior.policy.send_limits import Limits
 
     notifier = LocalNotifier()
     store = open_store(db, publish=notifier.publish)
-    store.ensure_workspace(WS)
-    store.add_agent(WS, CALLER, "bench caller", [])
-    store.add_agent(WS, RECEIVER, "bench receiver", [Capability(CAP, "run")])
-    store.add_grant(WS, CALLER, RECEIVER, [CAP])
-    tokens = {}
-    for who, subject in (("caller", CALLER), ("receiver", RECEIVER)):
-        tokens[who] = new_token()
-        store.add_credential(WS, CredentialKind.AGENT, subject, hash_token(tokens[who]))
+    tokens = seed_bench_store(store)
     sock = bind("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     endpoint = GrpcEndpoint("127.0.0.1", free_port())

@@ -70,22 +70,12 @@ def listener() -> Any:
     return sock
 
 
-def serve_mellan(db: str, info: Path) -> None:
-
-    import uvicorn
-
+def seed_bench_store(store: Any) -> dict[str, str]:
+    """The bench's workspace in a fresh store: a caller granted the receiver's one
+    capability, and an agent credential for each; their tokens by role."""
     from melchior.mellan.relay.auth import hash_token, new_token
-    from melchior.mellan.relay.caches.limits import SendLimits
-    from melchior.mellan.relay.context import Relay
-    from melchior.mellan.relay.notify import LocalNotifier
-    from melchior.mellan.relay.server.app import create_app
-    from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11
-    from melchior.mellan.relay.store import open_store
     from melchior.mellan.relay.store.base import Capability, CredentialKind
-    from melchior.policy.send_limits import Limits
 
-    notifier = LocalNotifier()
-    store = open_store(db, publish=notifier.publish)
     store.ensure_workspace(WS)
     store.add_agent(WS, CALLER, "bench caller", [])
     store.add_agent(WS, RECEIVER, "bench receiver", [Capability(CAP, "run")])
@@ -94,6 +84,24 @@ def serve_mellan(db: str, info: Path) -> None:
     for who, subject in (("caller", CALLER), ("receiver", RECEIVER)):
         tokens[who] = new_token()
         store.add_credential(WS, CredentialKind.AGENT, subject, hash_token(tokens[who]))
+    return tokens
+
+
+def serve_mellan(db: str, info: Path) -> None:
+
+    import uvicorn
+
+    from melchior.mellan.relay.caches.limits import SendLimits
+    from melchior.mellan.relay.context import Relay
+    from melchior.mellan.relay.notify import LocalNotifier
+    from melchior.mellan.relay.server.app import create_app
+    from melchior.mellan.relay.server.serve import MAX_HEADER_BYTES, HeaderLimitedH11
+    from melchior.mellan.relay.store import open_store
+    from melchior.policy.send_limits import Limits
+
+    notifier = LocalNotifier()
+    store = open_store(db, publish=notifier.publish)
+    tokens = seed_bench_store(store)
     sock = listener()
     sock.listen(2048)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
