@@ -84,3 +84,17 @@ def test_a_half_typed_line_survives_a_question_that_comes_up_under_it(
     tmux.key("Enter")
     tmux.wait_for(lambda s: "> abcdefghijklmnopqrstu-vwx" in s, "the whole line sent")
     tmux.key("C-q")
+
+
+def test_editing_keys_typed_in_one_burst_apply_in_the_order_typed(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    """Arrows, Home, Backspace and Delete mixed with letters in one write to the terminal:
+    each acts where it was typed (as bindings they ran after the letters behind them)."""
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.key("s", "a", "y", " ", "c", "d", "Left", "b", "End", "e", "Home", "Delete", "Right")
+    tmux.key("BSpace", "s", "a", "Left", "Left", "Left", "o", "End", "BSpace", "Enter")
+    tmux.wait_for(lambda s: "> osay cbd" in s, "the line as edited")
+    tmux.key("C-q")

@@ -145,10 +145,31 @@ class Pane(Vertical):
         self.question.remove_class("up")
 
 
+def _editing_actions() -> dict[str, str]:
+    """The prompt's editing keys (arrows, Home/End, deletes, …) and the action each runs,
+    read from the ``Input`` bindings: the one table textual keeps, so a key it adds is
+    covered too. Enter is not here: it submits, in :meth:`Prompt._on_key`."""
+    actions: dict[str, str] = {}
+    for binding in Input.BINDINGS:
+        if not isinstance(binding, Binding):
+            continue
+        for key in binding.key.split(","):
+            if key.strip() != "enter":
+                actions[key.strip()] = binding.action
+    return actions
+
+
 class Prompt(Input):
     """The prompt. It stays enabled and focused while a question is up, and does not
     select its text on focus, so a half-typed line is never lost; a key that answers the
-    question is taken before the prompt sees it."""
+    question is taken before the prompt sees it.
+
+    Every key is handled in the order it was typed: the editing keys run their action
+    here rather than as bindings, which textual dispatches after the key has been through
+    the widget, so on a busy loop a Left typed before ``-`` moved the cursor after the
+    ``-`` had gone in at the end."""
+
+    EDITING: ClassVar[dict[str, str]] = _editing_actions()
 
     def __init__(self, console: Console) -> None:
         super().__init__(
@@ -181,6 +202,12 @@ class Prompt(Input):
             event.stop()
             event.prevent_default()
             self._submit()
+            return
+        action = self.EDITING.get(event.key)
+        if action is not None:
+            event.stop()
+            event.prevent_default()
+            await self.run_action(action)
             return
         await super()._on_key(event)
 
