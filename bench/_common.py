@@ -186,11 +186,18 @@ PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5
 @contextlib.contextmanager
 def throwaway_database(engine: str, sqlite_file: Path, label: str) -> Iterator[str]:
     """A relay database for one measurement: the SQLite file given, or a fresh
-    PostgreSQL database on the test server (``bench_<label>_<random>``), dropped after
-    (``WITH (FORCE)``: a killed relay may still hold connections)."""
+    PostgreSQL database (:func:`postgres_database`)."""
     if engine == "sqlite":
         yield f"sqlite://{sqlite_file}"
         return
+    with postgres_database(label) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_database(label: str) -> Iterator[str]:
+    """A fresh PostgreSQL database on the test server (``bench_<label>_<random>``),
+    dropped after (``WITH (FORCE)``: a killed relay may still hold connections)."""
     import psycopg
 
     name = f"bench_{label}_{secrets.token_hex(4)}"

@@ -45,6 +45,10 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # (the bench directory is not a package: found by the path above)
+
 SENDS = int(os.environ.get("BENCH_SENDS", "1000"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))
 STREAMS = int(os.environ.get("BENCH_STREAMS", "20"))
@@ -362,28 +366,17 @@ def pct(values: list[float], q: float) -> float:
 
 
 MEMORY = {"reference-memory": "memory://"}
-PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @contextlib.contextmanager
 def databases(engine: str, tmp: Path) -> Iterator[dict[str, str]]:
     """One fresh database per server, of the same engine."""
-    if engine == "sqlite":
-        yield {k: f"sqlite://{tmp / k}.db" for k in ("mellan", "reference")} | MEMORY
-        return
-    import psycopg
-
-    names = {k: f"bench_{k}_{uuid.uuid4().hex[:8]}" for k in ("mellan", "reference")}
-    base = PG_ADMIN.rsplit("/", 1)[0]
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        for name in names.values():
-            admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {k: f"{base}/{name}" for k, name in names.items()} | MEMORY
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            for name in names.values():
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with contextlib.ExitStack() as stack:
+        urls = {
+            k: stack.enter_context(_common.throwaway_database(engine, tmp / f"{k}.db", k))
+            for k in ("mellan", "reference")
+        }
+        yield urls | MEMORY
 
 
 PROFILE = os.environ.get("BENCH_PROFILE")

@@ -14,7 +14,8 @@ claim, and (as the relay does) every claim and completion writes its audit recor
 the same transaction (``--no-audit`` drains without them).
 Run: ``.venv/bin/python bench/queue_drain.py [--tasks N]``; needs the
 ``bench`` extra (pgqueuer, procrastinate, asyncpg) and PostgreSQL at
-``$MELCHIOR_BENCH_PG`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``).
+``$MELCHIOR_TEST_PG`` (default ``postgresql://postgres@127.0.0.1:5432/test``), on
+throwaway databases created there and dropped after each run.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ import argparse
 import asyncio
 import os
 import platform
-import secrets
+import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,12 +39,15 @@ from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # (the bench directory is not a package: found by the path above)
 from melchior.mellan.relay.notify import LocalNotifier, receiver_topic
 from melchior.mellan.relay.server.pgnotify import PgNotifier
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Capability, NewTask, Store
 
-ADMIN = os.environ.get("MELCHIOR_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN = _common.PG_ADMIN
 WS, CALLER, RECEIVER = "bench", "local/caller", "private/worker"
 PAYLOAD = '{"kind": "noop", "pad": "' + "x" * 200 + '"}'
 
@@ -63,25 +66,6 @@ class Result:
 
 
 # -- databases --------------------------------------------------------------------------------
-
-
-def _url_for(db: str) -> str:
-    return ADMIN.rsplit("/", 1)[0] + "/" + db
-
-
-@contextmanager
-def throwaway_db(tag: str, created: list[str]) -> Iterator[str]:
-    name = f"mellan_bench_{tag}_{secrets.token_hex(4)}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    created.append(name)
-    yield _url_for(name)
-
-
-def drop_all(created: list[str]) -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        for name in created:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def xact_commits(url: str) -> int:
@@ -153,10 +137,8 @@ def run_mellan_sqlite(
     return Result(f"mellan SQLite, claim {batch}, {threads} thr", n, enq, secs, commits)
 
 
-def run_mellan_pg(
-    n: int, batch: int, threads: int, created: list[str], actor: str | None = ACTOR
-) -> Result:
-    with throwaway_db("mellan", created) as url:
+def run_mellan_pg(n: int, batch: int, threads: int, actor: str | None = ACTOR) -> Result:
+    with _common.postgres_database("mellan") as url:
         store = open_store(url)
         enq = prepare(store, n)
         store.close()
@@ -171,7 +153,7 @@ def run_mellan_pg(
 # -- pgqueuer ---------------------------------------------------------------------------------
 
 
-def run_pgqueuer(n: int, batch: int, created: list[str]) -> Result:
+def run_pgqueuer(n: int, batch: int) -> Result:
     import asyncpg  # type: ignore[import-untyped]
     from pgqueuer import PgQueuer
     from pgqueuer.db import AsyncpgDriver
@@ -179,7 +161,7 @@ def run_pgqueuer(n: int, batch: int, created: list[str]) -> Result:
     from pgqueuer.queries import Queries
     from pgqueuer.types import QueueExecutionMode
 
-    with throwaway_db("pgqueuer", created) as url:
+    with _common.postgres_database("pgqueuer") as url:
 
         async def setup() -> float:
             conn = await asyncpg.connect(url)
@@ -221,10 +203,10 @@ def run_pgqueuer(n: int, batch: int, created: list[str]) -> Result:
 # -- procrastinate ----------------------------------------------------------------------------
 
 
-def run_procrastinate(n: int, concurrency: int, created: list[str]) -> Result:
+def run_procrastinate(n: int, concurrency: int) -> Result:
     import procrastinate
 
-    with throwaway_db("procrastinate", created) as url:
+    with _common.postgres_database("procrastinate") as url:
         app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
         @app.task(name="noop")
@@ -342,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     actor = None if args.no_audit else ACTOR
     n = args.tasks
-    created: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="mellan-bench-"))
     results: list[Result] = []
     try:
@@ -377,13 +358,13 @@ def main(argv: list[str] | None = None) -> int:
             lambda: run_mellan_sqlite(min(n, 2000), 1, 1, tmp, actor),
             lambda: run_mellan_sqlite(min(n, 2000), 1, 8, tmp, actor),
             lambda: run_mellan_sqlite(n, 50, 1, tmp, actor),
-            lambda: run_mellan_pg(min(n, 2000), 1, 4, created, actor),
-            lambda: run_mellan_pg(n, 50, 2, created, actor),
+            lambda: run_mellan_pg(min(n, 2000), 1, 4, actor),
+            lambda: run_mellan_pg(n, 50, 2, actor),
         ]
         if peers:
-            runs.append(lambda: run_pgqueuer(min(n, 2000), 1, created))
-            runs.append(lambda: run_pgqueuer(n, 10, created))
-            runs.append(lambda: run_procrastinate(args.procrastinate_tasks, 10, created))
+            runs.append(lambda: run_pgqueuer(min(n, 2000), 1))
+            runs.append(lambda: run_pgqueuer(n, 10))
+            runs.append(lambda: run_procrastinate(args.procrastinate_tasks, 10))
         for run in runs:
             r = run()
             results.append(r)
@@ -406,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         print(f"# pickup latency, enqueue commit → claim, {args.latency_tasks} tasks 20 ms apart")
-        with throwaway_db("latency", created) as url:
+        with _common.postgres_database("latency") as url:
             cases: list[tuple[str, str | None, str, float]] = [
                 ("PG NOTIFY (fallback poll 1 s)", url, "notify", 1.0),
                 ("PG poll 100 ms", url, "poll", 0.1),
@@ -421,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     finally:
-        drop_all(created)
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

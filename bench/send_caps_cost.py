@@ -10,18 +10,18 @@ N=5000 (a backlog).
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
 import uuid
-
-import psycopg
+from pathlib import Path
 
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import Capability, Caps, NewTask, Store
 
-PG_ADMIN = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # (the bench directory is not a package: found by the path above)
 
 
 def seed(s: Store) -> None:
@@ -45,29 +45,21 @@ def run(s: Store, n: int, batch: int, caps: Caps | None) -> float:
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [200, 5000]
     caps = Caps(max_unfinished_per_receiver=10_000_000, max_queued=10_000_000)
-    with tempfile.TemporaryDirectory() as tmp:
-        name = f"bench_caps_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        pg = f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"
-        try:
-            for label, url in (("sqlite", f"sqlite://{tmp}/b.db"), ("postgres", pg)):
-                s = open_store(url)
-                seed(s)
-                run(s, 200, 1, None)  # warm up
-                for n in sizes:
-                    for batch in (1, 50):
-                        plain = run(s, n, batch, None)
-                        capped = run(s, n, batch, caps)
-                        print(
-                            f"{label:8} queue 0..{n:<5} batch {batch:3}: {plain:6.0f} tasks/s "
-                            f"without caps, {capped:6.0f} with ({capped / plain:.2f}x)",
-                            flush=True,
-                        )
-                s.close()
-        finally:
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with tempfile.TemporaryDirectory() as tmp, _common.postgres_database("caps") as pg:
+        for label, url in (("sqlite", f"sqlite://{tmp}/b.db"), ("postgres", pg)):
+            s = open_store(url)
+            seed(s)
+            run(s, 200, 1, None)  # warm up
+            for n in sizes:
+                for batch in (1, 50):
+                    plain = run(s, n, batch, None)
+                    capped = run(s, n, batch, caps)
+                    print(
+                        f"{label:8} queue 0..{n:<5} batch {batch:3}: {plain:6.0f} tasks/s "
+                        f"without caps, {capped:6.0f} with ({capped / plain:.2f}x)",
+                        flush=True,
+                    )
+            s.close()
 
 
 if __name__ == "__main__":
