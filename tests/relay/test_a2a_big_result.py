@@ -14,6 +14,7 @@ import asyncio
 import http.client
 import json
 import secrets
+import threading
 import types
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,8 +27,11 @@ from a2a.utils.constants import TransportProtocol
 
 from melchior.mellan import rawjson
 from melchior.mellan.client.receiver import ReceiverClient
-from melchior.mellan.relay.store.base import Store, Task, TaskState
-from melchior.mellan.relay.surfaces.a2a import jsontext, tasks
+from melchior.mellan.relay.store.base import CredentialKind, Principal, Store, Task, TaskState
+from melchior.mellan.relay.surfaces.a2a import jsontext, listing, tasks, views
+from melchior.mellan.relay.surfaces.a2a.access import Caller
+from melchior.mellan.relay.surfaces.a2a.paths import Target
+from melchior.mellan.relay.surfaces.a2a.requests import parse_list
 from relay_proc import (
     RelayProc,
     db_url_fixture,
@@ -112,6 +116,48 @@ def test_healthz_is_answered_while_a_big_read_is_unfinished(relay: RelayProc, st
     assert len(first) + len(rest) == length
     assert body.count(json.dumps(text, ensure_ascii=False)[1:-1]) == 1
     assert json.loads(body)["status"]["message"]["parts"][0]["text"] == text
+
+
+def test_list_tasks_builds_its_views_off_the_event_loop_each_answer_once(
+    relay: RelayProc, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of big answers with history and artifacts: every task view is built on a
+    worker thread (the page read and its views are one hop), and each answer is in the
+    page once. Real store, real relay rows; the views are recorded where they are built."""
+    texts = [big_text(), big_text()]
+    _, ops = setup_pair(relay)
+    with ReceiverClient(relay.url, ops) as rc:
+        for text in texts:
+            task_id = enqueue(store)
+            (lease,) = rc.claim(wait=5)
+            assert rc.complete(task_id, lease.epoch, {"message": {"parts": [{"text": text}]}}).ok
+    built_on: list[int] = []
+    real_view = views.task_view
+
+    def recording(*args: Any, **kw: Any) -> Any:
+        built_on.append(threading.get_ident())
+        return real_view(*args, **kw)
+
+    monkeypatch.setattr(views, "task_view", recording)
+    caller = Caller(
+        Principal("default", CredentialKind.AGENT, "local/codex", "c1"),
+        Target("default", "private/ops", ()),
+    )
+    req = parse_list({"historyLength": 10, "includeArtifacts": True})
+
+    async def go() -> tuple[int, dict[str, Any]]:
+        async def call(fn: Any, *args: Any) -> Any:
+            return await asyncio.to_thread(fn, *args)
+
+        fake = types.SimpleNamespace(store=store, call=call)
+        return threading.get_ident(), await listing.list_tasks(fake, caller, req)  # type: ignore[arg-type]
+
+    loop_thread, page = asyncio.run(go())
+    assert len(built_on) == 2
+    assert loop_thread not in built_on
+    body = jsontext.dumpb(page).decode()
+    for text in texts:
+        assert body.count(json.dumps(text, ensure_ascii=False)[1:-1]) == 1
 
 
 def _task(result: str) -> Task:

@@ -74,18 +74,20 @@ def _page(store: Store, caller: Caller, req: ListRequest) -> tuple[list[Task], s
     return page, (page[-1].id if more and page else ""), total
 
 
-async def list_tasks(relay: Relay, caller: Caller, req: ListRequest) -> dict[str, Any]:
-    page, token, total = await relay.call(_page, relay.store, caller, req)
+def _views(store: Store, page: list[Task], req: ListRequest) -> list[dict[str, Any]]:
+    """The page's task views, built where the page was read: on a worker thread, in the
+    same hop. A page can hold many big results (each up to the result limit), so their
+    events, turns and parsed JSON are never handled on the event loop."""
     hist = 0 if req.history_length is None else req.history_length
-    tasks = []
+    out = []
     for task in page:
         events: list[TaskEvent] = []
         turns: list[TaskTurn] = []
         if hist or req.include_artifacts:
-            events = await relay.call(relay.store.events_after, task.id, 0)
+            events = store.events_after(task.id, 0)
             if task.turn > 1:
-                turns = await relay.call(relay.store.turns, task.id)
-        tasks.append(
+                turns = store.turns(task.id)
+        out.append(
             views.task_view(
                 task,
                 events,
@@ -94,4 +96,16 @@ async def list_tasks(relay: Relay, caller: Caller, req: ListRequest) -> dict[str
                 turns=turns,
             )
         )
+    return out
+
+
+def _list(store: Store, caller: Caller, req: ListRequest) -> dict[str, Any]:
+    page, token, total = _page(store, caller, req)
+    tasks = _views(store, page, req)
     return {"tasks": tasks, "nextPageToken": token, "pageSize": req.page_size, "totalSize": total}
+
+
+async def list_tasks(relay: Relay, caller: Caller, req: ListRequest) -> dict[str, Any]:
+    """One worker-thread hop for the whole answer: the page, its tasks' events and views
+    (the encoding is another, :data:`~.ops.CARRY_TASKS`)."""
+    return await relay.call(_list, relay.store, caller, req)
