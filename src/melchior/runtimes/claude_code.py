@@ -68,13 +68,15 @@ from melchior.runtimes.process import (
     SpawnError,
     check_session_id,
     compose_env,
-    find_program,
     read_limits,
+    require_program,
     run_process,
 )
 from melchior.runtimes.versions import Support, Version, shape
 
 NAME = "claude-code"
+INSTALL = "install Claude Code or set the binary option"
+"""How to get the program, said when it is not found."""
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "manual", "dontAsk", "plan")
 """The choices Claude Code 2.1.332 accepts for ``--permission-mode``."""
 DEFAULT_PERMISSION_MODE = "acceptEdits"
@@ -424,12 +426,7 @@ class ClaudeCodeRuntime:
         there and a release this adapter drives (else :class:`RuntimeConfigError`)."""
         opts = ClaudeCodeOptions.parse(self.config)
         env = compose_env(opts.env)
-        program = find_program(opts.binary, env)
-        if program is None:
-            raise RuntimeConfigError(
-                f"{NAME}: {opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install Claude Code or set the binary option"
-            )
+        program = require_program(opts.binary, env, INSTALL, runtime=NAME)
         return f"Claude Code {SUPPORT.check(program, env=env)} at {program}"
 
     async def run(self, turn: Turn, emit: Emit) -> TurnResult:
@@ -514,14 +511,8 @@ class ClaudeCodeRuntime:
         path = "resumed" if turn.session else "new"
         new_id = str(uuid.uuid4())
         session = turn.session or new_id
-        program = find_program(opts.binary, env)
-        if program is None:
-            return failed(
-                f"{opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install Claude Code or set the binary option",
-                path=path,
-            )
         try:
+            program = require_program(opts.binary, env, INSTALL)
             await asyncio.to_thread(SUPPORT.check, program, env=env)
         except RuntimeConfigError as exc:
             return failed(str(exc), path=path)

@@ -56,13 +56,15 @@ from melchior.runtimes.process import (
     SpawnError,
     check_session_id,
     compose_env,
-    find_program,
     read_limits,
+    require_program,
     run_process,
 )
 from melchior.runtimes.versions import Since, Support, Version, shape
 
 NAME = "codex"
+INSTALL = "install Codex or set the binary option"
+"""How to get the program, said when it is not found."""
 SANDBOXES = ("read-only", "workspace-write", "danger-full-access")
 DEFAULT_SANDBOX = "workspace-write"
 OPTIONS = (
@@ -286,12 +288,7 @@ class CodexRuntime:
         there and a release this adapter drives (else :class:`RuntimeConfigError`)."""
         opts = CodexOptions.parse(self.config)
         env = compose_env(opts.env)
-        program = find_program(opts.binary, env)
-        if program is None:
-            raise RuntimeConfigError(
-                f"{NAME}: {opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install Codex or set the binary option"
-            )
+        program = require_program(opts.binary, env, INSTALL, runtime=NAME)
         return f"Codex {SUPPORT.check(program, _in_use(opts), env)} at {program}"
 
     async def run(self, turn: Turn, emit: Emit) -> TurnResult:
@@ -303,14 +300,8 @@ class CodexRuntime:
         if turn.session is not None and (why := check_session_id(turn.session)):
             return failed(why, path=path)
         env = compose_env(opts.env, turn.env)
-        program = find_program(opts.binary, env)
-        if program is None:
-            return failed(
-                f"{opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install Codex or set the binary option",
-                path=path,
-            )
         try:
+            program = require_program(opts.binary, env, INSTALL)
             await asyncio.to_thread(SUPPORT.check, program, _in_use(opts), env)
         except RuntimeConfigError as exc:
             return failed(str(exc), path=path)

@@ -45,8 +45,8 @@ from melchior.runtimes.process import (
     LineTooLong,
     SpawnError,
     compose_env,
-    find_program,
     read_limits,
+    require_program,
     run_process,
 )
 
@@ -177,9 +177,10 @@ class CommandRuntime:
         if "\0" in turn.prompt:
             return failed("the prompt contains a NUL character", path=NAME)
         env = compose_env(opts.env, turn.env, extra, drop_prefix=ENV_PREFIX)
-        program = find_program(opts.argv[0], env)
-        if program is None:
-            return failed(f"{opts.argv[0]} was not found (PATH={env.get('PATH', '')})", path=NAME)
+        try:
+            program = require_program(opts.argv[0], env)
+        except RuntimeConfigError as exc:
+            return failed(str(exc), path=NAME)
         stdout = bytearray()
 
         async def on_line(line: bytes) -> None:

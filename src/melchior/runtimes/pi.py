@@ -78,13 +78,15 @@ from melchior.runtimes.process import (
     SpawnError,
     check_session_id,
     compose_env,
-    find_program,
     read_limits,
+    require_program,
     run_process,
 )
 from melchior.runtimes.versions import Since, Support, Version, shape
 
 NAME = "pi"
+INSTALL = "install pi (npm i -g @mariozechner/pi-coding-agent) or set the binary option"
+"""How to get the program, said when it is not found."""
 THINKING = ("off", "minimal", "low", "medium", "high", "xhigh")
 """The levels pi 0.73 accepts for ``--thinking``."""
 DEFAULT_LINE_LIMIT = 64 * 1024 * 1024
@@ -452,12 +454,7 @@ class PiRuntime:
         there and a release this adapter drives (else :class:`RuntimeConfigError`)."""
         opts = PiOptions.parse(self.config)
         env = compose_env(opts.env)
-        program = find_program(opts.binary, env)
-        if program is None:
-            raise RuntimeConfigError(
-                f"{NAME}: {opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install pi (npm i -g @mariozechner/pi-coding-agent) or set the binary option"
-            )
+        program = require_program(opts.binary, env, INSTALL, runtime=NAME)
         return f"pi {SUPPORT.check(program, _in_use(opts), env)} at {program}"
 
     async def run(self, turn: Turn, emit: Emit) -> TurnResult:
@@ -476,14 +473,8 @@ class PiRuntime:
         else:
             session = str(uuid.uuid4())
             file = str(folder / f"{session}.jsonl")
-        program = find_program(opts.binary, env)
-        if program is None:
-            return failed(
-                f"{opts.binary} was not found (PATH={env.get('PATH', '')}); "
-                "install pi or set the binary option",
-                path=path,
-            )
         try:
+            program = require_program(opts.binary, env, INSTALL)
             await asyncio.to_thread(SUPPORT.check, program, _in_use(opts), env)
         except RuntimeConfigError as exc:
             return failed(str(exc), path=path)

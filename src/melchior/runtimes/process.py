@@ -44,6 +44,7 @@ from typing import Any
 
 from melchior.policy import route_options as ro
 from melchior.runtimes import guard
+from melchior.runtimes.base import RuntimeConfigError
 from melchior.runtimes.options import OptionReader
 
 _PR_SET_PDEATHSIG = 1
@@ -296,6 +297,22 @@ def find_program(program: str, env: Mapping[str, str]) -> str | None:
     if os.sep in program:
         return program if os.access(program, os.X_OK) and os.path.isfile(program) else None
     return shutil.which(program, path=env.get("PATH", os.defpath))
+
+
+def require_program(
+    program: str, env: Mapping[str, str], install: str = "", *, runtime: str = ""
+) -> str:
+    """``program`` found as :func:`find_program` finds it, or :class:`RuntimeConfigError`
+    with the one sentence every adapter says, at start-up (``runtime`` names it there) and
+    at a turn: what was looked for, on which PATH, and how to install it."""
+    found = find_program(program, env)
+    if found is None:
+        named = f"{runtime}: " if runtime else ""
+        hint = f"; {install}" if install else ""
+        raise RuntimeConfigError(
+            f"{named}{program} was not found (PATH={env.get('PATH', '')}){hint}"
+        )
+    return found
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
