@@ -169,3 +169,7 @@ def test_list_request_defaults_and_limits() -> None:
         requests.parse_list({"status": "completed"})
     with pytest.raises(InvalidParams):
         requests.parse_list({"statusTimestampAfter": "yesterday"})
+    with pytest.raises(InvalidParams):  # valid text, but out of range once in UTC
+        requests.parse_list({"statusTimestampAfter": "0001-01-01T00:00:00+01:00"})
+    after = requests.parse_list({"statusTimestampAfter": "2026-01-01T05:00:00+05:00"})
+    assert after.status_timestamp_after == "2026-01-01T00:00:00+00:00"

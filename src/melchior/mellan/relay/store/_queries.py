@@ -233,21 +233,22 @@ class ReadQueries:
         )
         return C.task_from_row(rows[0]) if rows else None
 
-    def list_tasks(
+    def _task_filter(
         self,
         workspace: str,
         *,
-        caller: str | None = None,
-        receiver: str | None = None,
-        context_id: str | None = None,
-        states: Sequence[TaskState] | None = None,
-        after: str | None = None,
-        limit: int = 50,
-        agent: str | None = None,
-        capability: str | None = None,
-    ) -> list[Task]:
+        caller: str | None,
+        receiver: str | None,
+        context_id: str | None,
+        states: Sequence[TaskState] | None,
+        agent: str | None,
+        capability: str | None,
+        updated_after: str | None,
+    ) -> tuple[str, list[Any]] | None:
+        """The ``WHERE`` of a task listing and of its count, once for both; None when
+        nothing can match (an empty set of states)."""
         p = self.P
-        sql = f"SELECT * FROM task WHERE workspace = {p}"
+        sql = f" FROM task WHERE workspace = {p}"
         params: list[Any] = [workspace]
         for col, val in (
             ("caller", caller),
@@ -263,18 +264,86 @@ class ReadQueries:
             params += [agent, agent]
         if states is not None:
             if not states:
-                return []
+                return None
             clause, values = self._states_clause(states)
             sql += clause
             params += values
+        if updated_after is not None:
+            sql += f" AND updated_at > {p}"
+            params.append(self._stamp(updated_after))
+        return sql, params
+
+    def list_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        after: str | None = None,
+        limit: int = 50,
+        agent: str | None = None,
+        capability: str | None = None,
+        updated_after: str | None = None,
+    ) -> list[Task]:
+        """Newest first. Each row's result is read as :meth:`get_task` reads one: a big
+        one in pieces (or from the cache), never in one conversion."""
+        p, piece = self.P, bigtext.PIECE
+        where = self._task_filter(
+            workspace, caller=caller, receiver=receiver, context_id=context_id, states=states,
+            agent=agent, capability=capability, updated_after=updated_after,
+        )  # fmt: skip
+        if where is None:
+            return []
+        sql, params = where
         if after is not None:
             sql += (
                 f" AND seq < COALESCE((SELECT seq FROM task WHERE workspace = {p} AND id = {p}), 0)"
             )
             params += [workspace, after]
         sql += f" ORDER BY seq DESC LIMIT {p}"
-        params.append(limit)
-        return [C.task_from_row(r) for r in self._read(sql, params)]
+        rows = self._read(
+            f"SELECT {TASK_COLUMNS}, substr(result, 1, {p}) AS result" + sql,
+            [piece + 1, *params, limit],
+        )
+        out = []
+        for r in rows:
+            row = dict(r)
+            head = row["result"]
+            if head is not None and len(head) > piece:
+                key = bigtext.key_of(row)
+                with self._texts.one_reader(key):
+                    text = self._texts.get(key) or self._result_pieces(key, head)
+                if text is None:  # the row changed between its pieces: read it as get does
+                    task = self.get_task(workspace, row["id"])
+                    if task is not None:
+                        out.append(task)
+                    continue
+                row["result"] = text
+            out.append(C.task_from_row(row))
+        return out
+
+    def count_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        agent: str | None = None,
+        capability: str | None = None,
+        updated_after: str | None = None,
+    ) -> int:
+        where = self._task_filter(
+            workspace, caller=caller, receiver=receiver, context_id=context_id, states=states,
+            agent=agent, capability=capability, updated_after=updated_after,
+        )  # fmt: skip
+        if where is None:
+            return 0
+        sql, params = where
+        return int(self._read("SELECT count(*) AS n" + sql, params)[0]["n"])
 
     def events_after(self, task_id: str, after_seq: int = 0) -> list[TaskEvent]:
         p = self.P

@@ -791,9 +791,27 @@ class Store(Protocol):
         limit: int = 50,
         agent: str | None = None,
         capability: str | None = None,
+        updated_after: str | None = None,
     ) -> list[Task]:
         """Newest first; ``after`` is an opaque cursor (a task id) for pagination. ``agent``
-        matches either party (caller or receiver)."""
+        matches either party (caller or receiver); ``updated_after`` (ISO-8601) keeps the
+        tasks whose row changed later than it."""
+        ...
+
+    def count_tasks(
+        self,
+        workspace: str,
+        *,
+        caller: str | None = None,
+        receiver: str | None = None,
+        context_id: str | None = None,
+        states: Sequence[TaskState] | None = None,
+        agent: str | None = None,
+        capability: str | None = None,
+        updated_after: str | None = None,
+    ) -> int:
+        """How many tasks :meth:`list_tasks` would list with these filters, counted by the
+        database (a listing's ``totalSize``): no row is read, however deep the history."""
         ...
 
     def cancel(

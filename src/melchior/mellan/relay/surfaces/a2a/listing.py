@@ -16,7 +16,6 @@ from melchior.mellan.relay.surfaces.a2a import views
 from melchior.mellan.relay.surfaces.a2a.access import Caller
 from melchior.mellan.relay.surfaces.a2a.errors import InvalidParams
 from melchior.mellan.relay.surfaces.a2a.requests import ListRequest
-from melchior.mellan.relay.surfaces.a2a.timefmt import parse_ts
 
 
 def _page(store: Store, caller: Caller, req: ListRequest) -> tuple[list[Task], str, int]:
@@ -35,42 +34,20 @@ def _page(store: Store, caller: Caller, req: ListRequest) -> tuple[list[Task], s
             raise InvalidParams(
                 "pageToken is not valid here", violations=[("pageToken", "unknown")]
             )
-    cutoff = parse_ts(req.status_timestamp_after) if req.status_timestamp_after else None
-
-    def fetch(after: str | None, limit: int) -> list[Task]:
-        rows = store.list_tasks(
-            target.workspace,
-            caller=who,
-            receiver=target.agent,
-            context_id=req.context_id,
-            states=states,
-            after=after,
-            limit=limit,
-        )
-        if cutoff is not None:
-            rows = [t for t in rows if parse_ts(t.updated_at) > cutoff]
-        return rows
-
-    rows = fetch(req.page_token, req.page_size + 1)
+    filters: dict[str, Any] = {
+        "caller": who,
+        "receiver": target.agent,
+        "context_id": req.context_id,
+        "states": states,
+        "updated_after": req.status_timestamp_after,
+    }
+    rows = store.list_tasks(
+        target.workspace, after=req.page_token, limit=req.page_size + 1, **filters
+    )
     page, more = rows[: req.page_size], len(rows) > req.page_size
-    total, cursor = 0, None
-    while True:  # totalSize: count the caller's matching tasks, in pages of the store's size
-        batch = store.list_tasks(
-            target.workspace,
-            caller=who,
-            receiver=target.agent,
-            context_id=req.context_id,
-            states=states,
-            after=cursor,
-            limit=500,
-        )
-        if cutoff is not None:
-            total += sum(1 for t in batch if parse_ts(t.updated_at) > cutoff)
-        else:
-            total += len(batch)
-        if len(batch) < 500:
-            break
-        cursor = batch[-1].id
+    # totalSize: counted by the database, no row read (a caller with a long history, each
+    # task with a big result, used to have every one of them read for this number)
+    total = store.count_tasks(target.workspace, **filters)
     return page, (page[-1].id if more and page else ""), total
 
 

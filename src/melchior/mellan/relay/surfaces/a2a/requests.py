@@ -359,9 +359,9 @@ def parse_list(params: Any) -> ListRequest:
     hist = opt_int(p.get("historyLength"), "historyLength")
     after = _opt_str(p, "statusTimestampAfter", "statusTimestampAfter") or None
     if after is not None:
-        try:
-            parse_ts(after)
-        except ValueError:
+        try:  # held as UTC: the store compares it with its own clock's values
+            after = parse_ts(after).isoformat()
+        except (ValueError, OverflowError):  # (a time zone can push year 1 out of range)
             raise _bad("statusTimestampAfter", f"not an ISO-8601 timestamp: {after!r}") from None
     inc = opt_bool(p.get("includeArtifacts"), "includeArtifacts")
     return ListRequest(ctx, status, size, token, hist, after, bool(inc))
