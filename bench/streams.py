@@ -9,7 +9,10 @@ steps up to ``BENCH_STREAMS`` (10,000), reads each snapshot and then keeps readi
 seconds (10: every stream gets an event that often, and every shared reader reads).
 Printed: /healthz p50/p99 per step against the idle baseline of the same run (ratios),
 the relay's RSS per 1,000 streams, and the store reads the streams cost
-(``mellan_stream_reads_total``).
+(``mellan_stream_reads_total``). The whole sequence runs once per young GC threshold in
+``BENCH_GC`` (``700,50000``: Python's own, then the relay's default; see
+``melchior.mellan.relay.server.gcpolicy``), with the full collector passes each relay
+made and the p99 of each step as a ratio to the first threshold's.
 No thresholds: the numbers go to docs/benchmarks.md, with ``uptime``.
 
 Run ``.venv/bin/python bench/streams.py`` (the open-files limit must exceed the stream
@@ -27,18 +30,22 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from big_result import ok, setup, start
+import _common
+from big_result import ok, setup
 
 STREAMS = int(os.environ.get("BENCH_STREAMS", "10000"))
 TASKS = int(os.environ.get("BENCH_TASKS", "10"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 TICK = float(os.environ.get("BENCH_TICK", "10"))
 STEPS = [s for s in (1000, 5000, 10000) if s < STREAMS] + [STREAMS]
+THRESHOLDS = [int(t) for t in os.environ.get("BENCH_GC", "700,50000").split(",")]
+"""Young GC thresholds of the relays compared, the first the baseline (700: Python's)."""
 
 
 def rss_mib(pid: int) -> float:
@@ -123,11 +130,29 @@ def summary(ms: list[float]) -> tuple[float, float]:
     return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))]
 
 
-def main() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, STREAMS + 1000)), hard))
+Row = tuple[int, float, float, float, float, float]
+
+
+@dataclass
+class Run:
+    """One relay's steps (streams open, /healthz p50 and p99, RSS, reads/s, probes)."""
+
+    threshold: int
+    rows: list[Row]
+    rss0: float
+    failed: list[str]
+    events: int
+    tick_errors: list[str]
+    full_passes: float
+    full_pass_seconds: float
+
+
+def run(threshold: int) -> Run:
+    """The whole sequence on a fresh relay whose young GC threshold is ``threshold``."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, owner = start(Path(tmp))
+        db = f"sqlite://{Path(tmp) / 'relay.db'}"
+        extra = ("--max-result", str(16 * 1024 * 1024), "--gc-threshold", str(threshold))
+        proc, url, owner = _common.start_mellan_relay(db, Path(tmp), *extra)
         try:
             caller, ops = setup(url, owner)
             base = f"{url}/a2a/default/private/ops"
@@ -167,7 +192,7 @@ def main() -> None:
 
             paths = [f"/a2a/default/private/ops/tasks/{tid}:subscribe" for tid in ids]
             streams = Streams(url, caller, paths)
-            rows: list[tuple[int, float, float, float, float, float]] = []
+            rows: list[Row] = []
             rss0 = rss_mib(proc.pid)
             ticker = threading.Thread(target=progress, daemon=True)
             ticker.start()
@@ -193,6 +218,9 @@ def main() -> None:
                       " client while probed", flush=True)  # fmt: skip
             stop.set()
             ticker.join()
+            gen2 = 'mellan_gc_pause_seconds_{}{{generation="2"}}'
+            full = metric(url, owner, gen2.format("count"))
+            full_s = metric(url, owner, gen2.format("sum"))
         finally:
             proc.terminate()
             try:
@@ -200,19 +228,39 @@ def main() -> None:
             except subprocess.TimeoutExpired:  # 10,000 connections to close: do not wait
                 proc.kill()
                 proc.wait()
-    i50, i99 = rows[0][1], rows[0][2]
-    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
-    print(f"{TASKS} tasks, an event every {TICK:g} s on each; {SECONDS:g} s of probes a step")
-    if streams.failed:
-        print(f"failed to open: {len(streams.failed)}, e.g. {streams.failed[0]}")
+    return Run(threshold, rows, rss0, streams.failed, streams.events, tick_errors, full, full_s)
+
+
+def report(r: Run) -> None:
+    i50, i99 = r.rows[0][1], r.rows[0][2]
+    print(f"# young GC threshold {r.threshold}: {r.full_passes:.0f} full passes,"
+          f" {r.full_pass_seconds:.2f} s in them")  # fmt: skip
+    if r.failed:
+        print(f"failed to open: {len(r.failed)}, e.g. {r.failed[0]}")
     print("streams   /healthz p50   p99      x idle p50  x idle p99   RSS MiB  MiB/1000  reads/s")
-    for n, p50, p99, rss, reads, _ in rows:
-        per = (rss - rss0) / n * 1000 if n else 0.0
+    for n, p50, p99, rss, reads, _ in r.rows:
+        per = (rss - r.rss0) / n * 1000 if n else 0.0
         print(f"{n:7d}  {p50:9.1f} ms {p99:7.1f} ms  {p50 / i50:8.1f}x  {p99 / i99:9.1f}x"
               f"  {rss:8.0f}  {per:8.1f}  {reads:7.1f}")  # fmt: skip
-    print(f"events read by the client in all: {streams.events}")
-    if tick_errors:
-        print(f"progress posts that failed: {len(tick_errors)}, e.g. {tick_errors[0]}")
+    print(f"events read by the client in all: {r.events}")
+    if r.tick_errors:
+        print(f"progress posts that failed: {len(r.tick_errors)}, e.g. {r.tick_errors[0]}")
+
+
+def main() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, STREAMS + 1000)), hard))
+    runs = [run(t) for t in THRESHOLDS]
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(f"{TASKS} tasks, an event every {TICK:g} s on each; {SECONDS:g} s of probes a step")
+    for r in runs:
+        report(r)
+    if len(runs) > 1:  # the relay's policy against Python's own, step by step, same run
+        base, *rest = runs
+        for r in rest:
+            print(f"# /healthz p99 at threshold {r.threshold} / at {base.threshold}, per step:")
+            for (n, _, p99, *_), (_, _, b99, *_) in zip(r.rows, base.rows, strict=False):
+                print(f"{n:7d}  {p99:7.1f} ms / {b99:7.1f} ms = {p99 / b99:5.2f}x")
     sys.stdout.flush()
     os._exit(0)  # the client's streams are cut with the relay: no teardown to wait for
 

@@ -106,6 +106,7 @@ def run(ns: argparse.Namespace) -> int:
             log_format=resolved["log_format"],
             metrics_token_file=resolved["metrics.token_file"],
             metrics_cache_seconds=resolved["metrics.cache_seconds"],
+            gc_threshold=resolved["gc_threshold"],
             limits=Limits(
                 resolved["limits.send_rate"],
                 resolved["limits.burst"],

@@ -34,6 +34,7 @@ from melchior.mellan.relay.store.base import Store
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 ATTEMPT_BUCKETS = (1, 2, 3, 5, 10)
 
 Labels = tuple[tuple[str, str], ...]
@@ -120,6 +121,39 @@ class Histogram:
             yield f"{self.name}_count{_labels(labels)} {_num(row[-1])}"
 
 
+class GcPauses(Histogram):
+    """How long the cycle collector stopped this process, per generation (0, 1, 2): each
+    pass stops every thread, the event loop's too (:mod:`.server.gcpolicy` says why the
+    relay tunes it). Written from the collector's own callback, so without the lock: a
+    callback that took it could wait forever on a thread that holds it and allocated
+    (which is what starts a pass). The collector runs one pass at a time, so the rows,
+    made here once, have one writer; a scrape copies them under the lock as it renders."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "mellan_gc_pause_seconds",
+            "Garbage-collector passes by generation and how long each stopped the process.",
+            GC_BUCKETS,
+        )
+        self._rows = [[0.0] * (len(self.buckets) + 2) for _ in range(3)]
+        for generation, row in enumerate(self._rows):
+            self._series[(("generation", str(generation)),)] = row
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        """For ``gc.callbacks``."""
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self._started
+        row = self._rows[info["generation"]]
+        for k, bound in enumerate(self.buckets):
+            if seconds <= bound:
+                row[k] += 1
+        row[-2] += seconds
+        row[-1] += 1
+
+
 @dataclass(frozen=True)
 class Gauges:
     """What the database says at one moment (:meth:`Store.queue_gauges`)."""
@@ -204,6 +238,7 @@ class Metrics:
             "Time to the response's first byte, by route template, method and status.",
             LATENCY_BUCKETS,
         )
+        self.gc_pauses = GcPauses()
         self.attempts = Histogram(
             "mellan_task_attempts",
             "Attempts a task's turn took when it finished (succeeded, input_required, failed).",
@@ -273,7 +308,7 @@ class Metrics:
             self.accepted, self.claimed, self.completed, self.failed, self.expired,
             self.cancelled, self.refused, self.wakeups, self.pickups, self.db_errors,
             self.stream_reads, self.stream_readers, self.stream_followers,
-            self.attempts, self.requests,
+            self.attempts, self.requests, self.gc_pauses,
         ):  # fmt: skip
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -40,6 +40,7 @@ from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import LocalNotifier, Notifier
 from melchior.mellan.relay.observe import configure_logging
+from melchior.mellan.relay.server import gcpolicy
 from melchior.mellan.relay.server.app import MAX_HEADER_BYTES, create_app
 from melchior.mellan.relay.server.tls import ClientCertGate, ServerTls, TlsError, peer_tls
 from melchior.mellan.relay.store import is_postgres, open_store
@@ -78,6 +79,7 @@ class RelayOptions:
     log_format: str = "text"
     metrics_token_file: Path | None = None
     metrics_cache_seconds: float = 10.0
+    gc_threshold: int = gcpolicy.YOUNG
     limits: Limits = DEFAULTS
 
 
@@ -448,8 +450,17 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             say(f"HTTPS with {tls.cert}" + (mtls if tls.client_ca else "") + "; SIGHUP reloads")
         if warning:
             say(warning, "warning")
-        say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
-        server.run(sockets=[sock])
+        # start-up is done: what it made is frozen, the young threshold raised (gcpolicy)
+        with gcpolicy.applied(options.gc_threshold, relay.metrics.gc_pauses.callback) as n:
+            say(
+                f"garbage collection: {n} start-up objects frozen, a young pass every "
+                f"{options.gc_threshold} allocations",
+                "gc",
+                frozen=n,
+                threshold=options.gc_threshold,
+            )
+            say("ready; Ctrl-C or SIGTERM stops it gracefully", "ready")
+            server.run(sockets=[sock])
         if not server.started:  # the lifespan failed (its error is logged above)
             say("could not start; stopped", "error")
             return 1

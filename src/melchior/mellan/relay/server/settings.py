@@ -195,6 +195,12 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="FILE", example="/etc/mellan/metrics.token",
     ),
     Setting(
+        "gc_threshold", int, 50_000,
+        "allocations between young garbage collections (700 is Python's own; higher makes "
+        "the full collections that stop the relay rarer)",
+        metavar="N", check=_at_least_one,
+    ),
+    Setting(
         "metrics.cache_seconds", float, 10.0,
         "seconds the database gauges of /metrics are reused between scrapes",
         metavar="SECONDS", check=_positive,
