@@ -32,7 +32,8 @@ from melchior.mellan.client.receiver import ReceiverClient
 from melchior.mellan.relay import watch
 from melchior.mellan.relay.metrics import Metrics
 from melchior.mellan.relay.notify import LocalNotifier
-from melchior.mellan.relay.surfaces.a2a import jsonrpc, sse
+from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState
+from melchior.mellan.relay.surfaces.a2a import jsonrpc, sse, tasks
 from melchior.mellan.relay.watch import Watches
 from storekit import db_url_fixture  # noqa: F401
 
@@ -280,3 +281,61 @@ def test_every_stream_of_a_task_gets_the_same_bytes_under_its_own_id(db_url: str
     # One reader: a read per change (a wake-up may be doubled), never one per stream.
     changes = 2 + steps  # the claim, the chunks, the end
     assert reads <= 2 * changes < (early + len(late)) * changes, reads
+
+
+# -- the order a stream tells a turn in, whenever its reader looks --------------------------
+
+
+def _task(state: TaskState, turn: int = 1) -> Task:
+    return Task(
+        id="t1", workspace="w", caller="c", receiver="r", capability="cap", context_id="ctx",
+        state=state, payload="{}", metadata="{}", message_id=None, session_key=None,
+        chain="", hop=1, path=(), attempt=1, max_attempts=3, lease_epoch=1, lease_owner=None,
+        lease_expires_at=None, result=None, error=None, created_at="2026-01-01T00:00:00Z",
+        updated_at="2026-01-01T00:00:01Z", turn=turn,
+    )  # fmt: skip
+
+
+def _chunk(seq: int) -> TaskEvent:
+    body = {"artifact": {"artifactId": "out", "parts": [{"text": f"c{seq}"}]}, "append": seq > 1}
+    return TaskEvent(seq, "t1", "2026-01-01T00:00:02Z", "artifact", json.dumps(body))
+
+
+@given(
+    chunks=st.integers(0, 6),
+    looks=st.lists(st.tuples(st.integers(0, 7), st.booleans()), max_size=8),
+)
+def test_a_stream_says_working_before_the_turns_events_wherever_its_reader_looked(
+    chunks: int, looks: list[tuple[int, bool]]
+) -> None:
+    """The life of a turn: claimed, ``chunks`` artifact events, completed. The shared
+    reader looks at it at arbitrary points, and at each may hold events handed to it
+    after its last read of the row (the state it knows lags behind the events): the
+    stream still says working first, every chunk once in order, and the end last — as
+    the turn happened (a reader that took a chunk before it read the claim said the chunk
+    first, and CI saw it)."""
+    events = [_chunk(i + 1) for i in range(chunks)]
+    values, row, read_at = [], TaskState.QUEUED, 0
+    for point, handed in sorted(looks):  # 0: not claimed yet; p: claimed, p - 1 events
+        seen = min(max(point - 1, 0), chunks)
+        if handed:  # events handed before the reader read the row again: it lags
+            values.append(tasks.Watched(_task(row), events[:seen], [], read_at))
+        else:
+            row, read_at = (TaskState.LEASED if point else TaskState.QUEUED), seen
+            values.append(tasks.Watched(_task(row), events[:seen], []))
+    values.append(tasks.Watched(_task(TaskState.SUCCEEDED), events, []))
+    place = tasks.Place(0, TaskState.QUEUED, 1, frozenset())
+    said: list[dict[str, Any]] = []
+    for value in values:
+        updates, place = tasks.advance(value, place)
+        said += [json.loads(u.data()) for u in updates]
+    kinds = [
+        u["statusUpdate"]["status"]["state"] if "statusUpdate" in u
+        else u["artifactUpdate"]["artifact"]["parts"][0]["text"]
+        for u in said
+    ]  # fmt: skip
+    middle = [f"c{i + 1}" for i in range(chunks)]
+    if chunks or row is TaskState.LEASED:
+        assert kinds == ["TASK_STATE_WORKING", *middle, "TASK_STATE_COMPLETED"]
+    else:
+        assert kinds == ["TASK_STATE_COMPLETED"]

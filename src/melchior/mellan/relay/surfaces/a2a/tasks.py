@@ -54,8 +54,17 @@ def _read(store: Store, workspace: str, task_id: str, after: int) -> Seen | None
     task = store.get_task(workspace, task_id)
     if task is None:
         return None
+    events = store.events_after(task_id, after)
+    if events and task.state is TaskState.QUEUED:
+        # Events follow a claim, so this row was read before the claim: told as it is,
+        # a stream would say the events, then "submitted". The row again, after them,
+        # and what was written since (a row that ended meanwhile hides no event).
+        again = store.get_task(workspace, task_id)
+        if again is not None:
+            task = again
+            events += store.events_after(task_id, events[-1].seq)
     turns = store.turns(task_id) if task.turn > 1 else []
-    return Seen(task, store.events_after(task_id, after), turns)
+    return Seen(task, events, turns)
 
 
 def _view(seen: Seen, history_length: int | None = None) -> dict[str, Any]:
@@ -147,11 +156,18 @@ class Watched:
     task: Task | None
     events: list[TaskEvent]
     turns: list[TaskTurn]
+    read_at: int | None = None
+    """The last event's seq when ``task`` was read (None: the last of ``events``); events
+    past it were handed to the reader after that read, so they are newer than the row."""
     memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def last_seq(self) -> int:
         return self.events[-1].seq if self.events else 0
+
+    @property
+    def row_seq(self) -> int:
+        return self.last_seq if self.read_at is None else self.read_at
 
     def after(self, seq: int) -> list[TaskEvent]:
         return self.events[bisect.bisect_right(self.events, seq, key=lambda e: e.seq) :]
@@ -185,17 +201,37 @@ def advance(now: Watched, at: Place) -> tuple[Updates, Place]:
 
 
 def _advance(now: Watched, at: Place) -> tuple[Updates, Place]:
+    """In the order things happened: the events the task row was read after, a change of
+    state the row shows, then the events written after the row was read (handed to the
+    reader before it read the row again). A turn's events follow its claim (a lease
+    holder writes them), so a stream that has not said the turn is working says so just
+    before the turn's first event, where a reader learnt of both in one look."""
     assert now.task is not None
     current, fresh = now.task, now.after(at.seq)
-    out = views.event_updates(current, fresh)
+    cut = bisect.bisect_right(fresh, now.row_seq, key=lambda e: e.seq)
+    state, turn = at.state, at.turn
+    out: list[dict[str, Any]] = []
     named = set(at.artifacts)
-    named.update(
-        u["artifactUpdate"]["artifact"]["artifactId"] for u in out if "artifactUpdate" in u
-    )
-    if current.state is not at.state or current.turn != at.turn:
-        out.extend(views.state_updates(current, fresh, named))
+
+    def tell(events: list[TaskEvent]) -> None:
+        nonlocal state, turn
+        if events and (state is not TaskState.LEASED or turn != events[0].turn):
+            out.append(views.working_update(current, events[0]))
+            state, turn = TaskState.LEASED, events[0].turn
+        told = views.event_updates(current, events)
+        named.update(u["artifactUpdate"]["artifact"]["artifactId"] for u in told
+                     if "artifactUpdate" in u)  # fmt: skip
+        out.extend(told)
+
+    tell(fresh[:cut])
+    # A stream already past the row's read took this row before (a reader's row changes
+    # only with a read): its state is not news, whatever the stream said since.
+    if at.seq <= now.row_seq and (current.state is not state or current.turn != turn):
+        out.extend(views.state_updates(current, fresh[:cut], named))
+        state, turn = current.state, current.turn
+    tell(fresh[cut:])
     artifacts = at.artifacts if len(named) == len(at.artifacts) else frozenset(named)
-    place = Place(fresh[-1].seq if fresh else at.seq, current.state, current.turn, artifacts)
+    place = Place(fresh[-1].seq if fresh else at.seq, state, turn, artifacts)
     return tuple(sse.Encoded(u) for u in out), place
 
 
@@ -239,7 +275,7 @@ def _look(relay: Relay, task: Task) -> Step[Watched]:
             return
         handed = relay.fresh.after(task.id, prev.last_seq)
         if handed:
-            prev = Watched(prev.task, [*prev.events, *handed], prev.turns)
+            prev = Watched(prev.task, [*prev.events, *handed], prev.turns, prev.row_seq)
             yield prev
         relay.metrics.stream_reads.inc(kind="a2a")
         seen = await relay.call(_read, relay.store, task.workspace, task.id, prev.last_seq)

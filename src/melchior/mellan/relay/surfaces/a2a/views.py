@@ -452,6 +452,14 @@ def streamed_artifact_ids(task: Task, events: Sequence[TaskEvent]) -> set[str]:
     return ids
 
 
+def working_update(task: Task, first: TaskEvent) -> dict[str, Any]:
+    """The status a turn's claim gave the task (working), said ahead of ``first``, the
+    turn's first event, by a stream that did not see the claim on its own; stamped with
+    that event's time, the nearest the reader knows."""
+    status = {"state": A2A_STATE[TaskState.LEASED], "timestamp": a2a_ts(first.at)}
+    return {"statusUpdate": {"taskId": task.id, "contextId": task.context_id, "status": status}}
+
+
 def status_update(task: Task, events: Sequence[TaskEvent] = ()) -> dict[str, Any]:
     return {
         "statusUpdate": {
