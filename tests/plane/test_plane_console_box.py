@@ -98,3 +98,38 @@ def test_editing_keys_typed_in_one_burst_apply_in_the_order_typed(
     tmux.key("BSpace", "s", "a", "Left", "Left", "Left", "o", "End", "BSpace", "Enter")
     tmux.wait_for(lambda s: "> osay cbd" in s, "the line as edited")
     tmux.key("C-q")
+
+
+def pane_of(screen: str, text: str) -> str | None:
+    """Which pane's column ``text`` is drawn in: the one whose top-left corner (on the
+    first row, with the titles) is the last left of it."""
+    title, *rows = screen.splitlines()
+    corners = [i for i, c in enumerate(title) if c in "╔╭"]
+    agents = sorted(TEAM, key=lambda a: title.find(f"{a['id']} · "))
+    for row in rows:
+        at = row.find(text)
+        if at >= 0:
+            left = [a["id"] for corner, a in zip(corners, agents, strict=True) if corner <= at]
+            return left[-1] if left else None
+    return None
+
+
+def test_the_consoles_keys_typed_in_one_burst_apply_in_the_order_typed(
+    tmp_path: Path, tmux: Tmux
+) -> None:
+    """A line, Enter, ctrl+n and another line in one write to the terminal: each line goes
+    to the pane selected when its Enter was typed; then text and ctrl+f in one write
+    search for the whole text (as priority bindings, ctrl+n and ctrl+f ran ahead of the
+    keys typed before them)."""
+    config = write_plane(tmp_path, TEAM)
+    tmux.start(config)
+    tmux.wait_for(lambda s: "planner · idle" in s, "the panes")
+    tmux.key(*"say one", "Enter", "C-n", *"say two", "Enter", "C-n", *"LINE 2", "C-f")
+    screen = tmux.wait_for(
+        lambda s: "> say two" in s and "> say one" in s and "search 'LINE 2'" in s,
+        "both lines and the search",
+    )
+    assert pane_of(screen, "> say one") == "planner", screen
+    assert pane_of(screen, "> say two") == "ledger", screen
+    assert pane_of(screen, "search 'LINE 2'") == "auditor", screen
+    tmux.key("C-q")

@@ -21,6 +21,7 @@ import asyncio
 import signal
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
@@ -145,16 +146,15 @@ class Pane(Vertical):
         self.question.remove_class("up")
 
 
-def _editing_actions() -> dict[str, str]:
-    """The prompt's editing keys (arrows, Home/End, deletes, …) and the action each runs,
-    read from the ``Input`` bindings: the one table textual keeps, so a key it adds is
-    covered too. Enter is not here: it submits, in :meth:`Prompt._on_key`."""
+def key_actions(bindings: Iterable[BindingType], *, skip: str = "") -> dict[str, str]:
+    """Each key of ``bindings`` (but ``skip``) and the action it runs: the prompt runs
+    these itself, in the order typed, rather than leave them to textual's bindings."""
     actions: dict[str, str] = {}
-    for binding in Input.BINDINGS:
+    for binding in bindings:
         if not isinstance(binding, Binding):
             continue
         for key in binding.key.split(","):
-            if key.strip() != "enter":
+            if key.strip() != skip:
                 actions[key.strip()] = binding.action
     return actions
 
@@ -169,7 +169,9 @@ class Prompt(Input):
     the widget, so on a busy loop a Left typed before ``-`` moved the cursor after the
     ``-`` had gone in at the end."""
 
-    EDITING: ClassVar[dict[str, str]] = _editing_actions()
+    EDITING: ClassVar[dict[str, str]] = key_actions(Input.BINDINGS, skip="enter")
+    """The editing keys (arrows, Home/End, deletes, …) from ``Input``'s own table, so a
+    key textual adds is covered too; Enter submits, in :meth:`_on_key`."""
 
     def __init__(self, console: Console) -> None:
         super().__init__(
@@ -191,6 +193,16 @@ class Prompt(Input):
         if self.console_app.take_answer(event):
             event.stop()
             event.prevent_default()
+            return
+        action = self.console_app.KEYS.get(event.key)
+        if action is not None:
+            # The console's own keys too: as priority bindings the app ran them as they
+            # arrived, ahead of the keys before them still waiting here (ctrl+f searched
+            # for half the text typed before it; an Enter then ctrl+n sent the line to the
+            # next pane).
+            event.stop()
+            event.prevent_default()
+            await self.console_app.run_action(action)
             return
         if self.console_app.control_key(event.key, empty=not self.value):
             event.stop()
@@ -229,15 +241,19 @@ class Console(App[int]):
     #prompt { dock: bottom; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+n,ctrl+right", "move(1)", "next pane", priority=True),
-        Binding("ctrl+p,ctrl+left", "move(-1)", "previous pane", priority=True),
-        Binding("ctrl+q", "quit", "quit", priority=True),
-        Binding("ctrl+x", "stop_turn", "stop the selected agent's turn", priority=True),
-        Binding("ctrl+r", "rerun", "run the last failed turn again", priority=True),
-        Binding("ctrl+o", "queued", "what is queued for the selected agent", priority=True),
-        Binding("ctrl+f", "search", "search the pane for the prompt's text", priority=True),
-        Binding("f1", "help", "help", priority=True),
+        Binding("ctrl+n,ctrl+right", "move(1)", "next pane"),
+        Binding("ctrl+p,ctrl+left", "move(-1)", "previous pane"),
+        Binding("ctrl+q", "quit", "quit"),
+        Binding("ctrl+x", "stop_turn", "stop the selected agent's turn"),
+        Binding("ctrl+r", "rerun", "run the last failed turn again"),
+        Binding("ctrl+o", "queued", "what is queued for the selected agent"),
+        Binding("ctrl+f", "search", "search the pane for the prompt's text"),
+        Binding("f1", "help", "help"),
     ]
+    """Bindings for when the prompt does not have the focus; while it has (always, but
+    for a click elsewhere) the prompt runs them itself from :attr:`KEYS`, in the order
+    typed, ahead of its own editing keys of the same name (ctrl+x, ctrl+left, …)."""
+    KEYS: ClassVar[dict[str, str]] = key_actions(BINDINGS)
 
     def __init__(self, plane: Plane) -> None:
         super().__init__()
