@@ -56,8 +56,8 @@ if has("tck-artifact-text") or has("tck-stream-artifact-text"):
     print("Generated text content"); sys.exit(0)
 if has("tck-stream-artifact-chunked"):
     print("chunk-1 ", flush=True); time.sleep(0.2); print("chunk-2"); sys.exit(0)
-if has("tck-message-response"):
-    print("Direct message response"); sys.exit(0)
+if has("tck-message-response"):  # a direct reply: the route's reply_exit
+    print("Direct message response"); sys.exit(5)
 if has("tck-"):
     print("Hello from TCK"); sys.exit(0)
 print(text)
@@ -192,6 +192,8 @@ def main() -> int:
             CAPABILITY,
             "--cwd",
             str(work),
+            "--option",
+            "reply_exit=5",
             "--",
             str(program),
         )

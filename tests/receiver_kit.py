@@ -68,6 +68,9 @@ elif word == "ask":
 elif word == "fail":
     print("it broke", file=sys.stderr)
     sys.exit(4)
+elif word == "reply":  # a direct reply, where the route says reply_exit = 5
+    print(f"reply: {rest.strip()}")
+    sys.exit(5)
 if count:
     with open(count, "a") as f:
         f.write(os.environ.get("MELLAN_TASK_ID", "?") + " " + str(os.getpid()) + " end\n")

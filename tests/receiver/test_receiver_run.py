@@ -6,10 +6,14 @@ turn-aware follow-up."""
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 from receiver_kit import (
+    CAPABILITY,
+    RECEIVER,
     Net,
     executions,
     make_net,
@@ -53,6 +57,33 @@ def test_a_sent_task_runs_once_and_its_answer_returns(relay: RelayProc, tmp_path
         assert list((tmp_path / "state" / "spool").glob("*.json")) == []
     assert executions(count, task_id) == 1
     assert executions(count, task_id, "end") == 1
+
+
+def test_a_direct_reply_answers_a_blocking_send_with_the_message(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """A route with ``reply_exit``: a program that exits with it answered with a message and
+    no task work (A2A's direct reply, the TCK's DM-MSG-001), so a blocking SendMessage gets
+    that Message back, not a Task; the same program exiting 0 still answers with a task."""
+    net, work, config = setup(relay, tmp_path)
+    worker_route(net, work, tmp_path / "worker.py", reply_exit=5)
+    body: dict[str, Any] = {"metadata": {"capability": CAPABILITY}}
+    with receiving(net, config) as rp, relay.client(net.caller_token) as c:
+        answers = []
+        for text in ("reply the weather is fine", "hello"):
+            body["message"] = {"messageId": secrets.token_hex(8), "role": "ROLE_USER",
+                               "parts": [{"text": text}]}  # fmt: skip
+            r = c.post(f"/a2a/default/{RECEIVER}/message:send", json=body,
+                       headers={"A2A-Version": "1.0"}, timeout=60)  # fmt: skip
+            assert r.status_code == 200, (r.text, rp.lines)
+            answers.append(r.json())
+    reply, task = answers
+    assert set(reply) == {"message"}, reply
+    assert reply["message"]["role"] == "ROLE_AGENT"
+    assert reply["message"]["parts"] == [{"text": "reply: the weather is fine"}]
+    assert "taskId" not in reply["message"]
+    assert task["task"]["status"]["state"] == "TASK_STATE_COMPLETED", task
+    assert task["task"]["artifacts"][0]["parts"] == [{"text": "done: HELLO (turn 1)"}]
 
 
 def test_no_approved_route_fails_the_task_for_good(relay: RelayProc, tmp_path: Path) -> None:

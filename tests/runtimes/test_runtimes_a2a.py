@@ -266,6 +266,9 @@ def test_failure_and_direct_replies(agents: Agents, prefix: str) -> None:
     direct, _ = forward(agents, prefix, "reply hi")
     assert direct.state == "completed"
     assert direct.text == "direct: hi"
+    assert direct.reply  # a message, no task: said as one
+    assert direct.artifacts == ()
+    assert not broke.reply
 
 
 @pytest.mark.parametrize("prefix", ["/poll", "/stream"])

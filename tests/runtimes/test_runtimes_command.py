@@ -108,6 +108,8 @@ def test_failure_carries_the_stderr_tail(tmp_path: Path) -> None:
         (3, {"input_required_exit": None}, "failed", True),
         (9, {"input_required_exit": 9, "permanent_exit": 8}, "input_required", False),
         (8, {"input_required_exit": 9, "permanent_exit": 8}, "failed", False),
+        (5, {"reply_exit": 5}, "completed", False),
+        (0, {"reply_exit": 5}, "completed", False),
     ],
 )
 def test_the_exit_code_contract(
@@ -118,6 +120,12 @@ def test_the_exit_code_contract(
     assert (result.state, result.retryable) == (state, retryable)
     if state == "input_required":
         assert result.text == "which one?"
+    # reply_exit: stdout is a direct reply, a message with no artifact; 0 stays a task's
+    assert result.reply == (code == options.get("reply_exit"))
+    if result.reply:
+        assert (result.text, result.artifacts) == ("which one?", ())
+    elif state == "completed":
+        assert result.artifacts[0]["parts"] == [{"text": "which one?"}]
 
 
 def test_cancel_stops_the_command_and_its_children(tmp_path: Path) -> None:
@@ -178,6 +186,8 @@ def test_bad_configuration_is_refused_with_the_option_named(tmp_path: Path) -> N
         runtime_for("command", {"argv": "echo hi"})
     with pytest.raises(RuntimeConfigError, match="must differ"):
         runtime_for("command", {"argv": ["x"], "input_required_exit": 7, "permanent_exit": 7})
+    with pytest.raises(RuntimeConfigError, match="reply_exit must differ from input_requ"):
+        runtime_for("command", {"argv": ["x"], "reply_exit": 3})
     # a route's bad option fails that turn, with the reason, rather than raising
     rt = runtime_for("command", {"argv": ["true"]})
     bad = run(rt.run(Turn("x", tmp_path, options={"timeout": -1}), Sink()))

@@ -275,6 +275,9 @@ class _Follow:
         if parts and any("text" not in p for p in parts):  # keep structure a text cannot hold
             artifacts = (*artifacts, {"artifactId": "reply", "name": "reply", "parts": parts})
         common: dict[str, Any] = {"artifacts": artifacts, "session": session, "path": "forwarded"}
+        if self.reply is not None and self.task_id is None and not artifacts:
+            # The agent answered with a message and no task: so does this receiver.
+            return TurnResult(COMPLETED, text=text, session=session, path="forwarded", reply=True)
         if self.reply is not None or self.state == "TASK_STATE_COMPLETED":
             return TurnResult(COMPLETED, text=text, **common)
         if self.state == "TASK_STATE_INPUT_REQUIRED":

@@ -151,6 +151,9 @@ class TurnResult:
     ``session`` is what to bind the next turn to. ``usage`` holds ``input_tokens``,
     ``output_tokens`` and ``cost_usd`` when the agent reports them. ``path`` says which
     way the turn went: ``new``, ``resumed``, ``inbox``, ``forwarded`` or ``command``.
+    ``reply`` marks a direct reply: the agent answered with a message (``text``) and did
+    no task work, as A2A lets an agent answer a ``SendMessage``; a receiver completes the
+    task so that a blocking send gets that message back instead of a task.
     """
 
     state: str
@@ -161,12 +164,15 @@ class TurnResult:
     session: str | None = None
     usage: Mapping[str, int | float] = field(default_factory=dict)
     path: str | None = None
+    reply: bool = False
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
             raise ValueError(f"turn state {self.state!r} is not one of {STATES}")
         if (self.state == FAILED) != bool(self.error):
             raise ValueError("a failed turn says why (error), and only a failed turn does")
+        if self.reply and (self.state != COMPLETED or self.artifacts):
+            raise ValueError("a direct reply is a completed turn's message, with no artifacts")
 
     @property
     def ok(self) -> bool:

@@ -12,6 +12,8 @@ exit status           result
 ====================  ================================================================
 0                     completed; stdout is the answer (and a ``stdout`` artifact)
 3 (input_required_exit)  input_required; stdout is the question
+reply_exit (none)     completed as a direct reply: stdout is the agent's message, and a
+                      blocking A2A send gets that message back instead of a task
 4 (permanent_exit)    failed, not to be retried (the input itself is the problem)
 any other             failed; retried when ``retryable`` (default true)
 killed by a signal    failed, retryable (something outside stopped it)
@@ -63,6 +65,7 @@ OPTIONS = (
     "argv",
     "input_required_exit",
     "permanent_exit",
+    "reply_exit",
     "retryable",
     "output_limit",
     "progress_lines",
@@ -76,6 +79,7 @@ ROUTE_RULES: dict[str, ro.RouteOption] = {
     "argv": ro.program(),
     "input_required_exit": ro.free(),
     "permanent_exit": ro.free(),
+    "reply_exit": ro.free(),
     "retryable": ro.free(),
     "output_limit": ro.limit(DEFAULT_OUTPUT_LIMIT),
     "progress_lines": ro.free(),
@@ -91,6 +95,7 @@ class CommandOptions:
     env: Mapping[str, str]
     input_required_exit: int | None
     permanent_exit: int | None
+    reply_exit: int | None
     retryable: bool
     output_limit: int
     progress_lines: bool
@@ -104,20 +109,22 @@ class CommandOptions:
             raise RuntimeConfigError(
                 f"{NAME}: option argv is required: the program and its arguments as a list"
             )
-        codes = {"input_required_exit": 3, "permanent_exit": 4}
+        codes = {"input_required_exit": 3, "permanent_exit": 4, "reply_exit": None}
         chosen: dict[str, int | None] = {}
         for key, default in codes.items():
             chosen[key] = default if key not in raw else r.opt_integer(key, low=1, high=255)
-        if chosen["input_required_exit"] is not None and (
-            chosen["input_required_exit"] == chosen["permanent_exit"]
-        ):
-            raise RuntimeConfigError(f"{NAME}: input_required_exit and permanent_exit must differ")
+            if chosen[key] is not None and chosen[key] in list(chosen.values())[:-1]:
+                taken = ", ".join(k for k in chosen if k != key)
+                raise RuntimeConfigError(
+                    f"{NAME}: {key} must differ from {taken} (each exit status says one thing)"
+                )
         return cls(
             argv=argv,
             limits=read_limits(r),
             env=r.env_map("env"),
             input_required_exit=chosen["input_required_exit"],
             permanent_exit=chosen["permanent_exit"],
+            reply_exit=chosen["reply_exit"],
             retryable=r.flag("retryable", True),
             output_limit=r.integer("output_limit", DEFAULT_OUTPUT_LIMIT, low=1, high=1 << 30),
             progress_lines=r.flag("progress_lines", False),
@@ -224,6 +231,8 @@ class CommandRuntime:
             )
         if ex.returncode == 0:
             return TurnResult(COMPLETED, text=text, artifacts=artifacts, path=NAME)
+        if ex.returncode == opts.reply_exit:
+            return TurnResult(COMPLETED, text=text, path=NAME, reply=True)
         if ex.returncode == opts.input_required_exit:
             return TurnResult(INPUT_REQUIRED, text=text, artifacts=artifacts, path=NAME)
         retryable = ex.returncode < 0 or (opts.retryable and ex.returncode != opts.permanent_exit)

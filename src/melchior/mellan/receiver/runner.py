@@ -121,6 +121,8 @@ def report_of(result: TurnResult, task_id: str, turn: int, epoch: int) -> Report
         body: dict[str, Any] = {"artifacts": [dict(a) for a in result.artifacts]}
         if result.text:
             body["message"] = agent_message(result.text)
+        if result.reply:  # a blocking send gets the message back, not the task
+            body["asMessage"] = True
         return Report(
             task_id, turn, epoch, "complete",
             {"epoch": epoch, "result": body, "input_required": result.state == INPUT_REQUIRED},
