@@ -11,7 +11,12 @@ SQL genuinely differs (claims, leases, group commit, caps) stays in its backend.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
+
+from melchior.mellan.relay.store._common import RowLike
+
+Params = Sequence[Any] | dict[str, Any]
 
 
 class Statements(NamedTuple):
@@ -73,3 +78,65 @@ def to_format(sql: str) -> str:
 
 POSTGRES = Statements(*(to_format(sql) for sql in SQLITE))
 """The same statements in psycopg's ``format`` placeholders."""
+
+
+class SharedTx:
+    """The transaction methods that are each one of the :class:`Statements` and nothing
+    else, written once for both backends' transactions (which give ``SQL``, their
+    dialect's statements, and the three ways to run one). A method whose body differs by
+    more than the statement's dialect stays in its backend."""
+
+    SQL: ClassVar[Statements]
+
+    def one(self, sql: str, params: Params = ()) -> Any:
+        raise NotImplementedError
+
+    def all(self, sql: str, params: Params = ()) -> Any:
+        raise NotImplementedError
+
+    def run(self, sql: str, params: Params = ()) -> int:
+        raise NotImplementedError
+
+    def archive_turn(self, task_id: str) -> None:
+        self.run(self.SQL.archive_turn, (task_id,))
+
+    def finished_turn(self, task_id: str, epoch: int) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.finished_turn, (task_id, epoch))
+        return row
+
+    def delete_session(self, id_hash: str) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.delete_session, (id_hash,))
+        return row
+
+    def approved_routes(self, workspace: str, agent: str) -> list[RowLike]:
+        rows: list[RowLike] = self.all(self.SQL.approved_routes, (workspace, agent))
+        return rows
+
+    def set_wake(
+        self, workspace: str, agent: str, url: str | None, secret: str | None
+    ) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.set_wake, (url, secret, workspace, agent))
+        return row
+
+    def push_config_count(self, task_id: str) -> int:
+        row = self.one(self.SQL.push_config_count, (task_id,))
+        return int(row["n"]) if row else 0
+
+    def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
+        return self.run(self.SQL.delete_push_config, (workspace, task_id, config_id)) == 1
+
+    def push_config_row(self, task_id: str, config_id: str) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.push_config_row, (task_id, config_id))
+        return row
+
+    def agent_push_secret(
+        self, workspace: str, agent: str, fresh: str, replace: bool
+    ) -> str | None:
+        keep = "" if replace else " AND push_secret IS NULL"
+        self.run(self.SQL.set_push_secret + keep, (fresh, workspace, agent))
+        row = self.one(self.SQL.push_secret, (workspace, agent))
+        return None if row is None else str(row["push_secret"])
+
+    def workspace_push_private(self, workspace: str) -> bool:
+        row = self.one(self.SQL.workspace_push_private, (workspace,))
+        return bool(row and row["push_allow_private"])

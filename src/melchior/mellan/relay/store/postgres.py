@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg import errors as pgerr
@@ -34,7 +34,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
-from melchior.mellan.relay.store._statements import POSTGRES
+from melchior.mellan.relay.store._statements import POSTGRES, SharedTx, Statements
 from melchior.mellan.relay.store.base import (
     Chained,
     NewPush,
@@ -59,11 +59,12 @@ _NOW = "statement_timestamp()"  # the clock of *this statement*, see the module 
 
 
 @dataclass
-class _Tx:
+class _Tx(SharedTx):
     """One open transaction: a cursor, the wake-ups to send once it commits, and the
     queue's named statements in PostgreSQL's dialect (see
     :class:`~melchior.mellan.relay.store.queue.Tx`; the rules are all there)."""
 
+    SQL: ClassVar[Statements] = POSTGRES
     cur: psycopg.Cursor[Row]
     topics: list[str] = field(default_factory=list)
     tallies: list[str] = field(default_factory=list)
@@ -297,9 +298,6 @@ class _Tx:
             "SELECT * FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent)
         )
 
-    def archive_turn(self, task_id: str) -> None:
-        self.run(POSTGRES.archive_turn, (task_id,))
-
     def next_turn(self, task_id: str, payload: str, chain: str, hop: int, path: str) -> Row | None:
         return self.one(
             "UPDATE task SET state = 'queued', turn = turn + 1, payload = %(payload)s,"
@@ -309,9 +307,6 @@ class _Tx:
             " WHERE id = %(id)s AND state = 'input_required' RETURNING *",
             {"payload": payload, "chain": chain, "hop": hop, "path": path, "id": task_id},
         )
-
-    def finished_turn(self, task_id: str, epoch: int) -> Row | None:
-        return self.one(POSTGRES.finished_turn, (task_id, epoch))
 
     def task_by_message(self, workspace: str, caller: str, message_id: str | None) -> Row | None:
         return self.one(
@@ -501,9 +496,6 @@ class _Tx:
             == 1
         )
 
-    def delete_session(self, id_hash: str) -> Row | None:
-        return self.one(POSTGRES.delete_session, (id_hash,))
-
     def delete_expired_sessions(self, limit: int) -> int:
         return self.run(
             "DELETE FROM dashboard_session WHERE id_hash IN (SELECT id_hash FROM"
@@ -560,9 +552,6 @@ class _Tx:
             (by, workspace, agent, capability, keep),
         )
 
-    def approved_routes(self, workspace: str, agent: str) -> list[Row]:
-        return self.all(POSTGRES.approved_routes, (workspace, agent))
-
     def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
         return (
             self.run(
@@ -573,11 +562,6 @@ class _Tx:
             == 1
         )
 
-    def set_wake(
-        self, workspace: str, agent: str, url: str | None, secret: str | None
-    ) -> Row | None:
-        return self.one(POSTGRES.set_wake, (url, secret, workspace, agent))
-
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
     def task_mark(self, workspace: str, task_id: str) -> Row | None:
         return self.one(
@@ -586,10 +570,6 @@ class _Tx:
             " FOR NO KEY UPDATE",
             (workspace, task_id),
         )
-
-    def push_config_count(self, task_id: str) -> int:
-        row = self.one(POSTGRES.push_config_count, (task_id,))
-        return int(row["n"]) if row else 0
 
     def push_config_exists(self, task_id: str, config_id: str) -> bool:
         sql = "SELECT 1 AS x FROM push_config WHERE task_id = %s AND id = %s"
@@ -628,9 +608,6 @@ class _Tx:
             (config_id, task_id),
         )
 
-    def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
-        return self.run(POSTGRES.delete_push_config, (workspace, task_id, config_id)) == 1
-
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[Row]:
         """Candidates ``FOR UPDATE SKIP LOCKED``: deliverers on several replicas never wait
         on each other nor take the same row."""
@@ -649,30 +626,12 @@ class _Tx:
             {"owner": owner, "ttl": lease_ms, "n": limit},
         )
 
-    def push_config_row(self, task_id: str, config_id: str) -> Row | None:
-        return self.one(POSTGRES.push_config_row, (task_id, config_id))
-
     def push_before(self, task_id: str, config_id: str, row_id: int) -> Row | None:
         return self.one(
             "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = %s"
             " AND config_id = %s AND id < %s ORDER BY id DESC LIMIT 1",
             (task_id, config_id, row_id),
         )
-
-    def agent_push_secret(
-        self, workspace: str, agent: str, fresh: str, replace: bool
-    ) -> str | None:
-        keep = "" if replace else " AND push_secret IS NULL"
-        self.run(
-            POSTGRES.set_push_secret + keep,
-            (fresh, workspace, agent),
-        )
-        row = self.one(POSTGRES.push_secret, (workspace, agent))
-        return None if row is None else str(row["push_secret"])
-
-    def workspace_push_private(self, workspace: str) -> bool:
-        row = self.one(POSTGRES.workspace_push_private, (workspace,))
-        return bool(row and row["push_allow_private"])
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
         return self.run(POSTGRES.set_workspace_push_private, (allowed, workspace)) == 1

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from melchior.mellan.relay.store import _common as C
 from melchior.mellan.relay.store import migrations
-from melchior.mellan.relay.store._statements import SQLITE
+from melchior.mellan.relay.store._statements import SQLITE, SharedTx, Statements
 from melchior.mellan.relay.store.base import (
     Chained,
     NewPush,
@@ -45,11 +45,12 @@ _UNAVAILABLE_CODES = {5, 6, 10, 13, 14, 15, 26}  # BUSY LOCKED IOERR FULL CANTOP
 
 
 @dataclass
-class _Tx:
+class _Tx(SharedTx):
     """One open write transaction: its connection, the DB clock read inside it, the
     wake-ups to send after COMMIT, and the queue's named statements in SQLite's dialect
     (see :class:`~melchior.mellan.relay.store.queue.Tx`; the rules are all there)."""
 
+    SQL: ClassVar[Statements] = SQLITE
     conn: sqlite3.Connection
     now: int
     grace_ms: int = 0
@@ -254,9 +255,6 @@ class _Tx:
             "SELECT * FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent)
         )
 
-    def archive_turn(self, task_id: str) -> None:
-        self.run(SQLITE.archive_turn, (task_id,))
-
     def next_turn(
         self, task_id: str, payload: str, chain: str, hop: int, path: str
     ) -> sqlite3.Row | None:
@@ -269,9 +267,6 @@ class _Tx:
             {"payload": payload, "chain": chain, "hop": hop, "path": path, "now": self.now,
              "id": task_id},
         )  # fmt: skip
-
-    def finished_turn(self, task_id: str, epoch: int) -> sqlite3.Row | None:
-        return self.one(SQLITE.finished_turn, (task_id, epoch))
 
     def task_by_message(
         self, workspace: str, caller: str, message_id: str | None
@@ -449,9 +444,6 @@ class _Tx:
             == 1
         )
 
-    def delete_session(self, id_hash: str) -> sqlite3.Row | None:
-        return self.one(SQLITE.delete_session, (id_hash,))
-
     def delete_expired_sessions(self, limit: int) -> int:
         return self.run(
             "DELETE FROM dashboard_session WHERE id_hash IN (SELECT id_hash FROM"
@@ -512,9 +504,6 @@ class _Tx:
             (self.now, by, workspace, agent, capability, keep),
         )
 
-    def approved_routes(self, workspace: str, agent: str) -> list[sqlite3.Row]:
-        return self.all(SQLITE.approved_routes, (workspace, agent))
-
     def touch_receiver(self, workspace: str, agent: str, info: str | None) -> bool:
         return (
             self.run(
@@ -525,11 +514,6 @@ class _Tx:
             == 1
         )
 
-    def set_wake(
-        self, workspace: str, agent: str, url: str | None, secret: str | None
-    ) -> sqlite3.Row | None:
-        return self.one(SQLITE.set_wake, (url, secret, workspace, agent))
-
     # -- push notifications (rules: store/outbox.py) ----------------------------------------
     def task_mark(self, workspace: str, task_id: str) -> sqlite3.Row | None:
         return self.one(
@@ -537,10 +521,6 @@ class _Tx:
             " WHERE e.task_id = t.id) AS seq FROM task t WHERE t.workspace = ? AND t.id = ?",
             (workspace, task_id),
         )
-
-    def push_config_count(self, task_id: str) -> int:
-        row = self.one(SQLITE.push_config_count, (task_id,))
-        return int(row["n"]) if row else 0
 
     def push_config_exists(self, task_id: str, config_id: str) -> bool:
         sql = "SELECT 1 FROM push_config WHERE task_id = ? AND id = ?"
@@ -579,9 +559,6 @@ class _Tx:
             (config_id, self.now, self.now, task_id),
         )
 
-    def delete_push_config(self, workspace: str, task_id: str, config_id: str) -> bool:
-        return self.run(SQLITE.delete_push_config, (workspace, task_id, config_id)) == 1
-
     def claim_pushes(self, owner: str, limit: int, lease_ms: int) -> list[sqlite3.Row]:
         return self.all(
             "UPDATE push_outbox SET leased_by = :owner, leased_until = :now + :ttl"
@@ -596,30 +573,12 @@ class _Tx:
             {"owner": owner, "now": self.now, "ttl": lease_ms, "n": limit},
         )
 
-    def push_config_row(self, task_id: str, config_id: str) -> sqlite3.Row | None:
-        return self.one(SQLITE.push_config_row, (task_id, config_id))
-
     def push_before(self, task_id: str, config_id: str, row_id: int) -> sqlite3.Row | None:
         return self.one(
             "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = ? AND config_id = ?"
             " AND id < ? ORDER BY id DESC LIMIT 1",
             (task_id, config_id, row_id),
         )
-
-    def agent_push_secret(
-        self, workspace: str, agent: str, fresh: str, replace: bool
-    ) -> str | None:
-        keep = "" if replace else " AND push_secret IS NULL"
-        self.run(
-            SQLITE.set_push_secret + keep,
-            (fresh, workspace, agent),
-        )
-        row = self.one(SQLITE.push_secret, (workspace, agent))
-        return None if row is None else str(row["push_secret"])
-
-    def workspace_push_private(self, workspace: str) -> bool:
-        row = self.one(SQLITE.workspace_push_private, (workspace,))
-        return bool(row and row["push_allow_private"])
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
         return self.run(SQLITE.set_workspace_push_private, (int(allowed), workspace)) == 1
