@@ -49,7 +49,7 @@ def test_each_backend_runs_every_shared_statement_in_its_own_dialect() -> None:
     assert "POSTGRES." not in lite
     assert "SQLITE." not in pg
     methods = {n for n, v in vars(SharedTx).items() if callable(v)} - {"one", "all", "run"}
-    assert len(methods) >= 10
+    assert len(methods) >= 14
     for tx in (sqlite._Tx, postgres._Tx):
         assert issubclass(tx, SharedTx)
         assert not methods & set(vars(tx)), tx
@@ -78,6 +78,13 @@ def test_each_backend_runs_every_shared_statement_in_its_own_dialect() -> None:
             " WHERE workspace = ? AND id = ? RETURNING wake_url, wake_secret",
             "UPDATE agent SET wake_url = %s, wake_secret = COALESCE(%s, wake_secret)"
             " WHERE workspace = %s AND id = %s RETURNING wake_url, wake_secret",
+        ),
+        (
+            "push_before",
+            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = ? AND config_id = ?"
+            " AND id < ? ORDER BY id DESC LIMIT 1",
+            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = %s"
+            " AND config_id = %s AND id < %s ORDER BY id DESC LIMIT 1",
         ),
         (
             "delete_session",

@@ -24,6 +24,10 @@ class Statements(NamedTuple):
 
     set_push_secret: str
     push_secret: str
+    delete_limits: str
+    limits_row: str
+    message_ref: str
+    push_before: str
     approved_routes: str
     archive_turn: str
     delete_push_config: str
@@ -39,6 +43,16 @@ class Statements(NamedTuple):
 SQLITE = Statements(
     set_push_secret="UPDATE agent SET push_secret = ? WHERE workspace = ? AND id = ?",
     push_secret="SELECT push_secret FROM agent WHERE workspace = ? AND id = ?",
+    delete_limits="DELETE FROM agent_limits WHERE workspace = ? AND agent = ?",
+    limits_row="SELECT * FROM agent_limits WHERE workspace = ? AND agent = ?",
+    message_ref=(
+        "SELECT task_id, turn FROM task_message WHERE workspace = ? AND caller = ?"
+        " AND message_id = ?"
+    ),
+    push_before=(
+        "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = ? AND config_id = ?"
+        " AND id < ? ORDER BY id DESC LIMIT 1"
+    ),
     approved_routes=(
         "SELECT * FROM task_route WHERE workspace = ? AND agent = ? AND state = 'approved'"
     ),
@@ -96,6 +110,21 @@ class SharedTx:
 
     def run(self, sql: str, params: Params = ()) -> int:
         raise NotImplementedError
+
+    def message_ref(self, workspace: str, caller: str, message_id: str) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.message_ref, (workspace, caller, message_id))
+        return row
+
+    def delete_limits(self, workspace: str, agent: str) -> None:
+        self.run(self.SQL.delete_limits, (workspace, agent))
+
+    def limits_row(self, workspace: str, agent: str) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.limits_row, (workspace, agent))
+        return row
+
+    def push_before(self, task_id: str, config_id: str, row_id: int) -> RowLike | None:
+        row: RowLike | None = self.one(self.SQL.push_before, (task_id, config_id, row_id))
+        return row
 
     def archive_turn(self, task_id: str) -> None:
         self.run(self.SQL.archive_turn, (task_id,))

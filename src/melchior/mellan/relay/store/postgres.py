@@ -202,13 +202,6 @@ class _Tx(SharedTx):
                 break
         return inserted
 
-    def message_ref(self, workspace: str, caller: str, message_id: str) -> Row | None:
-        return self.one(
-            "SELECT task_id, turn FROM task_message WHERE workspace = %s AND caller = %s"
-            " AND message_id = %s",
-            (workspace, caller, message_id),
-        )
-
     def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
         """Which (workspace, caller, message id)s the ledger already holds: one round trip."""
         if not keys:
@@ -288,14 +281,6 @@ class _Tx(SharedTx):
             " max_queued = COALESCE(excluded.max_queued, agent_limits.max_queued),"
             " updated_at = excluded.updated_at",
             (workspace, agent, *values),
-        )
-
-    def delete_limits(self, workspace: str, agent: str) -> None:
-        self.run("DELETE FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent))
-
-    def limits_row(self, workspace: str, agent: str) -> Row | None:
-        return self.one(
-            "SELECT * FROM agent_limits WHERE workspace = %s AND agent = %s", (workspace, agent)
         )
 
     def next_turn(self, task_id: str, payload: str, chain: str, hop: int, path: str) -> Row | None:
@@ -624,13 +609,6 @@ class _Tx(SharedTx):
             f" leased_until = {_NOW} + %(ttl)s {_MS}"
             " FROM cand WHERE o.id = cand.id RETURNING o.*",
             {"owner": owner, "ttl": lease_ms, "n": limit},
-        )
-
-    def push_before(self, task_id: str, config_id: str, row_id: int) -> Row | None:
-        return self.one(
-            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = %s"
-            " AND config_id = %s AND id < %s ORDER BY id DESC LIMIT 1",
-            (task_id, config_id, row_id),
         )
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:

@@ -179,13 +179,6 @@ class _Tx(SharedTx):
             for row in rows
         ]
 
-    def message_ref(self, workspace: str, caller: str, message_id: str) -> sqlite3.Row | None:
-        return self.one(
-            "SELECT task_id, turn FROM task_message WHERE workspace = ? AND caller = ?"
-            " AND message_id = ?",
-            (workspace, caller, message_id),
-        )
-
     def known_messages(self, keys: Sequence[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
         """Which (workspace, caller, message id)s the ledger already holds (in-process
         reads: one prepared statement each is as cheap as one query here)."""
@@ -245,14 +238,6 @@ class _Tx(SharedTx):
             " max_queued = COALESCE(excluded.max_queued, max_queued),"
             " updated_at = excluded.updated_at",
             (workspace, agent, *values, self.now),
-        )
-
-    def delete_limits(self, workspace: str, agent: str) -> None:
-        self.run("DELETE FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent))
-
-    def limits_row(self, workspace: str, agent: str) -> sqlite3.Row | None:
-        return self.one(
-            "SELECT * FROM agent_limits WHERE workspace = ? AND agent = ?", (workspace, agent)
         )
 
     def next_turn(
@@ -571,13 +556,6 @@ class _Tx(SharedTx):
             "   ORDER BY o.due_at, o.id LIMIT :n)"
             " RETURNING *",
             {"owner": owner, "now": self.now, "ttl": lease_ms, "n": limit},
-        )
-
-    def push_before(self, task_id: str, config_id: str, row_id: int) -> sqlite3.Row | None:
-        return self.one(
-            "SELECT state, turn, upto_seq FROM push_outbox WHERE task_id = ? AND config_id = ?"
-            " AND id < ? ORDER BY id DESC LIMIT 1",
-            (task_id, config_id, row_id),
         )
 
     def set_workspace_push_private(self, workspace: str, allowed: bool) -> bool:
