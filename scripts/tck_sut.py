@@ -41,7 +41,7 @@ CAPABILITY = "tck"
 
 # The task program: the prompt on stdin, the messageId in MELCHIOR_TURN_MESSAGE_ID.
 PROGRAM = r"""#!/usr/bin/env python3
-import os, sys, time
+import json, os, sys, time
 text = sys.stdin.read()
 mid = os.environ.get("MELCHIOR_TURN_MESSAGE_ID", "")
 probe = mid + " " + text
@@ -49,6 +49,9 @@ with open(os.environ["TCK_SUT_LOG"], "a") as log:
     log.write(repr({k: v for k, v in os.environ.items() if k.startswith("MEL")}) + "\n")
 def has(prefix):
     return prefix in probe
+def answer(*parts):  # the route says stdout = "parts": A2A parts, as JSON
+    print(json.dumps(list(parts))); sys.exit(0)
+FILE = {"mediaType": "text/plain", "filename": "output.txt"}
 if has("tck-input-required"):
     print("need more input"); sys.exit(3)
 if has("tck-reject-task"):
@@ -56,14 +59,20 @@ if has("tck-reject-task"):
 if has("test-resubscribe-message-id"):
     time.sleep(6)
 if has("tck-artifact-text") or has("tck-stream-artifact-text"):
-    print("Generated text content"); sys.exit(0)
+    answer({"text": "Generated text content"})
+if has("tck-artifact-file-url"):
+    answer({"url": "https://example.com/output.txt", **FILE})
+if has("tck-artifact-file"):
+    answer({"raw": "dGNr", **FILE})  # b"tck"
+if has("tck-artifact-data"):
+    answer({"data": {"key": "value", "count": 42}})
 if has("tck-stream-artifact-chunked"):
-    print("chunk-1 ", flush=True); time.sleep(0.2); print("chunk-2"); sys.exit(0)
+    time.sleep(0.2); answer({"text": "chunk-1 "}, {"text": "chunk-2"})
 if has("tck-message-response"):  # a direct reply: the route's reply_exit
     print("Direct message response"); sys.exit(5)
 if has("tck-"):
-    print("Hello from TCK"); sys.exit(0)
-print(text)
+    answer({"text": "Hello from TCK"})
+answer({"text": text})
 """
 
 
@@ -298,6 +307,8 @@ def main() -> int:
             str(work),
             "--option",
             "reply_exit=5",
+            "--option",
+            "stdout=parts",
             "--",
             str(program),
         )

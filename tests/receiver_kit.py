@@ -68,6 +68,11 @@ elif word == "ask":
 elif word == "fail":
     print("it broke", file=sys.stderr)
     sys.exit(4)
+elif word == "parts":  # a file and data, where the route says stdout = "parts"
+    import json
+    print(json.dumps([{"raw": "dGNr", "filename": "output.txt", "mediaType": "text/plain"},
+                      {"data": {"key": rest.strip(), "count": 42}}]))
+    sys.exit(0)
 elif word == "reply":  # a direct reply, where the route says reply_exit = 5
     print(f"reply: {rest.strip()}")
     sys.exit(5)

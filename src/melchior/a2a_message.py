@@ -11,6 +11,8 @@ errors are ``ValueError`` with a sentence, for each caller to render in its own 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +26,41 @@ def text_of(parts: Sequence[Any]) -> str:
     return "\n".join(
         str(p["text"]) for p in parts if isinstance(p, Mapping) and isinstance(p.get("text"), str)
     )
+
+
+PART_KINDS = ("text", "raw", "url", "data")
+PART_KEYS = frozenset({*PART_KINDS, "filename", "mediaType", "metadata"})
+"""What an A2A 1.0 ``Part`` is made of, in its JSON form: one kind, and what may go with it."""
+
+
+def part_problem(part: Any) -> str | None:
+    """Why ``part`` is not an A2A ``Part`` in its JSON form (None: it is one): an object
+    of exactly one kind (``text``, ``raw`` bytes in base64, a ``url``, or ``data``, any
+    JSON value) with an optional ``filename``, ``mediaType`` and ``metadata`` object,
+    and nothing else."""
+    if not isinstance(part, Mapping):
+        return f"a part is an object, not {type(part).__name__}"
+    other = sorted(str(k) for k in part if k not in PART_KEYS)
+    if other:
+        return f"a part has no field {other[0]!r} (it may have {', '.join(sorted(PART_KEYS))})"
+    kinds = [k for k in PART_KINDS if k in part]
+    if len(kinds) != 1:
+        found = f" (found {', '.join(kinds)})" if kinds else ""
+        return f"a part carries exactly one of text, raw, url, data{found}"
+    (kind,) = kinds
+    if kind != "data" and not isinstance(part[kind], str):
+        return f"a part's {kind} is a string"
+    if kind == "raw":
+        try:
+            base64.b64decode(part["raw"], validate=True)
+        except (binascii.Error, ValueError):
+            return "a part's raw is its bytes in base64"
+    for key in ("filename", "mediaType"):
+        if key in part and not isinstance(part[key], str):
+            return f"a part's {key} is a string"
+    if "metadata" in part and not isinstance(part["metadata"], Mapping):
+        return "a part's metadata is an object"
+    return None
 
 
 def chain_in(sender: str, *metadatas: Mapping[str, Any] | None) -> Chain:

@@ -86,6 +86,22 @@ def test_a_direct_reply_answers_a_blocking_send_with_the_message(
     assert task["task"]["artifacts"][0]["parts"] == [{"text": "done: HELLO (turn 1)"}]
 
 
+def test_a_program_answers_with_a_file_and_data_parts(relay: RelayProc, tmp_path: Path) -> None:
+    """A route with ``stdout = "parts"``: the program prints A2A parts, and the caller's task
+    carries them as the answer's artifact, a file and data as printed (the TCK's DM-ART-001)."""
+    net, work, config = setup(relay, tmp_path)
+    worker_route(net, work, tmp_path / "worker.py", stdout="parts")
+    with receiving(net, config) as rp:
+        task_id = net.send("parts the value")
+        view = net.settled(task_id)
+        assert view["state"] == "succeeded", (view["error"], rp.lines)
+    (artifact,) = view["result"]["artifacts"]
+    assert artifact["parts"] == [
+        {"raw": "dGNr", "filename": "output.txt", "mediaType": "text/plain"},
+        {"data": {"key": "the value", "count": 42}},
+    ]
+
+
 def test_no_approved_route_fails_the_task_for_good(relay: RelayProc, tmp_path: Path) -> None:
     net, work, config = setup(relay, tmp_path)
     net.propose(adapter="command", cwd=str(work), options={"argv": ["true"]})  # not approved

@@ -205,3 +205,49 @@ def test_missing_program_and_bad_cwd(tmp_path: Path) -> None:
     nowhere, _ = go("print(1)", Turn("x", tmp_path / "gone"))
     assert nowhere.error is not None
     assert "cannot start" in nowhere.error
+
+
+# -- stdout = "parts": a program whose answer is a file or data ---------------------------------
+
+FILE = {"raw": "dGNr", "filename": "output.txt", "mediaType": "text/plain"}
+PARTS = [{"text": "the report"}, FILE, {"url": "https://example.org/r.pdf"},
+         {"data": {"key": "value", "count": 42}}]  # fmt: skip
+
+
+def test_a_program_answers_with_a2a_parts(tmp_path: Path) -> None:
+    code = f"import json; print(json.dumps({PARTS!r}))"
+    result, _ = go(code, Turn("x", tmp_path), stdout="parts")
+    assert result.state == "completed", result.error
+    (artifact,) = result.artifacts
+    assert artifact["parts"] == PARTS  # as printed: a file, a URL, data
+    assert result.text == "the report"  # what its text parts say
+    same, _ = go(code, Turn("x", tmp_path))  # by default, stdout is the answer's text
+    assert same.artifacts[0]["parts"] == [{"text": json.dumps(PARTS)}]
+
+
+@pytest.mark.parametrize(
+    ("printed", "reason"),
+    [
+        ("not json", "its stdout is not JSON"),
+        ("[]", "not a non-empty JSON array"),
+        ('{"text": "hi"}', "not a non-empty JSON array"),
+        ('[{"text": "a", "data": 1}]', "part 0 of its stdout: a part carries exactly one of"),
+        ('[{"text": "a"}, {"raw": "***"}]', "part 1 of its stdout: a part's raw is its bytes"),
+        ('[{"text": "a", "kind": "text"}]', "a part has no field 'kind'"),
+        ('[{"url": 7}]', "a part's url is a string"),
+    ],
+)
+def test_parts_that_are_not_a2a_parts_fail_the_turn_naming_why(
+    tmp_path: Path, printed: str, reason: str
+) -> None:
+    result, _ = go(f"print({printed!r})", Turn("x", tmp_path), stdout="parts")
+    assert result.state == "failed"
+    assert not result.retryable  # the same program would print the same again
+    assert result.error is not None
+    assert 'answered with stdout = "parts", but' in result.error
+    assert reason in result.error
+
+
+def test_the_stdout_option_takes_text_or_parts() -> None:
+    with pytest.raises(RuntimeConfigError, match='option stdout must be "text"'):
+        runtime_for("command", {"argv": ["x"], "stdout": "json"})

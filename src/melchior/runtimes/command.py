@@ -5,6 +5,10 @@ with the envelope, in ``MELCHIOR_TURN_*`` environment variables; what it prints 
 stdout is the answer. No shell is involved: ``argv`` is executed as given, so nothing
 in a prompt or a sender's name can become shell syntax.
 
+With ``stdout = "parts"`` stdout is not text but a JSON array of A2A parts (text, file
+bytes in base64 with a filename and media type, a file URL, structured data), the
+``stdout`` artifact's parts as they are, for a program whose answer is a file or data.
+
 Exit codes say how the turn ended, so a script can take part without any library:
 
 ====================  ================================================================
@@ -27,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from melchior.a2a_message import part_problem, text_of
 from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     COMPLETED,
@@ -70,6 +75,7 @@ OPTIONS = (
     "output_limit",
     "progress_lines",
     "prompt_on_stdin",
+    "stdout",
 )
 ROUTE_RULES: dict[str, ro.RouteOption] = {
     **PROCESS_RULES,
@@ -84,6 +90,7 @@ ROUTE_RULES: dict[str, ro.RouteOption] = {
     "output_limit": ro.limit(DEFAULT_OUTPUT_LIMIT),
     "progress_lines": ro.free(),
     "prompt_on_stdin": ro.free(),
+    "stdout": ro.free(),
 }
 """What a relay route may do with each option (:mod:`melchior.policy.route_options`)."""
 
@@ -100,6 +107,8 @@ class CommandOptions:
     output_limit: int
     progress_lines: bool
     prompt_on_stdin: bool
+    parts: bool
+    """``stdout = "parts"``: stdout is a JSON array of A2A parts, not text."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> CommandOptions:
@@ -129,7 +138,33 @@ class CommandOptions:
             output_limit=r.integer("output_limit", DEFAULT_OUTPUT_LIMIT, low=1, high=1 << 30),
             progress_lines=r.flag("progress_lines", False),
             prompt_on_stdin=r.flag("prompt_on_stdin", True),
+            parts=_stdout_kind(raw.get("stdout", "text")) == "parts",
         )
+
+
+def _stdout_kind(value: Any) -> str:
+    if value not in ("text", "parts"):
+        raise RuntimeConfigError(
+            f'{NAME}: option stdout must be "text" (the answer is stdout\'s text) or'
+            f' "parts" (stdout is a JSON array of A2A parts), got {value!r}'
+        )
+    return str(value)
+
+
+def stdout_parts(text: str) -> tuple[list[dict[str, Any]] | None, str]:
+    """The A2A parts a program printed as a JSON array, and what they say as text; None
+    and the reason when stdout is not that (the turn then fails, naming it)."""
+    try:
+        parts = json.loads(text)
+    except ValueError as exc:
+        return None, f"its stdout is not JSON ({exc})"
+    if not isinstance(parts, list) or not parts:
+        return None, "its stdout is not a non-empty JSON array of A2A parts"
+    for i, part in enumerate(parts):
+        problem = part_problem(part)
+        if problem is not None:
+            return None, f"part {i} of its stdout: {problem}"
+    return parts, text_of(parts)
 
 
 def turn_env(turn: Turn) -> dict[str, str]:
@@ -224,6 +259,11 @@ class CommandRuntime:
         text = stdout.decode("utf-8", "replace").rstrip("\r\n")
         artifacts = (text_artifact("stdout", text),) if text else ()
         prog = opts.argv[0]
+        if opts.parts and ex.returncode == 0 and not ex.timed_out:
+            parts, said = stdout_parts(text)
+            if parts is None:
+                return failed(f'{prog} answered with stdout = "parts", but {said}', path=NAME)
+            text, artifacts = said, ({"artifactId": "stdout", "name": "stdout", "parts": parts},)
         if ex.timed_out:
             return failed(
                 ex.with_stderr(f"{prog} did not finish within {opts.limits.timeout:g} s"),
