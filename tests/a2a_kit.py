@@ -292,24 +292,10 @@ def message(text: str, **extra: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def pg_database() -> Iterator[str]:
     """A fresh PostgreSQL database for a whole module (``pg_url`` is per test)."""
-    import psycopg
-    import pytest
+    from conftest import fresh_pg_database
 
-    from conftest import PG_ADMIN_URL, _pg_unreachable
-
-    name = f"melchior_a2a_{secrets.token_hex(6)}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except Exception as exc:
-        _pg_unreachable(str(exc).strip())
-        pytest.skip("unreachable")  # not reached: _pg_unreachable skips or fails
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_pg_database() as url:
+        yield url
 
 
 def grpc_on() -> dict[str, Any]:

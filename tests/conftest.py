@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from pg_kit import Databases
 
 # Property tests judge correctness, never speed: on a loaded 2-core machine a slow
 # example is not a failure.
@@ -20,29 +23,43 @@ PG_ADMIN_URL = os.environ.get("MELCHIOR_TEST_PG", "postgresql://postgres@127.0.0
 ON_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def _pg_unreachable(why: str) -> None:
+def _pg_unreachable(why: str) -> NoReturn:
     if ON_CI:
         pytest.fail(f"PostgreSQL is required on CI but unreachable at {PG_ADMIN_URL}: {why}")
     pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL}: {why}")
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+_databases: Databases | None = None
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for the ``with`` block (see tests/pg_kit.py: the
+    process's databases are recycled, emptied in place, rather than dropped)."""
+    global _databases
     psycopg = pytest.importorskip("psycopg")
-    name = f"melchior_t_{secrets.token_hex(6)}"
+    if _databases is None:
+        _databases = Databases(PG_ADMIN_URL, psycopg.connect)
     try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+        name = _databases.take()
     except Exception as exc:
         _pg_unreachable(str(exc).strip())
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
     try:
-        yield f"{base}/{name}"
+        yield _databases.url(name)
     finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _databases.give_back(name)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _databases is not None:
+        _databases.close()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, nobody else's meanwhile."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture

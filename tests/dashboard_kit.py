@@ -1,11 +1,13 @@
 """Helpers for the dashboard tests: a browser-like HTTP client that signs in the way the
-sign-in page does (cookie, then the form with its token), and a task sent through the
-real A2A entry."""
+sign-in page does (cookie, then the form with its token), a task sent through the
+real A2A entry, and the events of a live page's stream."""
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -68,3 +70,22 @@ def send_task(url: str, ws: str, receiver: str, token: str, text: str) -> str:
     assert r.status_code == 200, r.text
     task_id: str = r.json()["task"]["id"]
     return task_id
+
+
+def frames(lines: Iterator[str], count: int) -> list[tuple[str, str, dict[str, str]]]:
+    """The next ``count`` events of a stream's lines: (event id, event name, data)."""
+    out: list[tuple[str, str, dict[str, str]]] = []
+    ident, name, data = "", "", ""
+    for line in lines:
+        if line.startswith("id: "):
+            ident = line[4:]
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            out.append((ident, name, json.loads(data)))
+            ident, name, data = "", "", ""
+            if len(out) == count:
+                return out
+    return out

@@ -303,3 +303,54 @@ def sse(*events: Any, event: str | None = None) -> bytes:
 def anthropic_sse(*events: dict[str, Any]) -> bytes:
     """Anthropic's framing: ``event:`` named by each payload's ``type``."""
     return b"".join(sse(e, event=str(e["type"])) for e in events)
+
+
+# -- OpenAI-compatible chat completion streams (runtime and plane tests) ----------------------
+
+
+def delta(**fields: Any) -> dict[str, Any]:
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": fields}]}
+
+
+def text_stream(text: str, cost: float | None = None) -> bytes:
+    """An OpenAI-compatible chat stream answering ``text`` word by word, then usage."""
+    usage: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 3}
+    if cost is not None:
+        usage["cost"] = cost
+    return sse(
+        delta(role="assistant", content=""),
+        *[delta(content=part) for part in text.split(" ") if part for part in (part + " ",)],
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": usage},
+        "[DONE]",
+    )
+
+
+def call_stream(
+    name: str, arguments: str, call_id: str = "call_1", done: bool = True, say: str = ""
+) -> bytes:
+    """A chat stream whose answer is one tool call (after ``say``); without ``done`` it
+    stops before ``[DONE]``, as a cut connection does."""
+    events: list[Any] = [
+        delta(role="assistant", content=say),
+        delta(
+            tool_calls=[
+                {
+                    "index": 0,
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+            ]
+        ),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": arguments}}]),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    if done:
+        events.append("[DONE]")
+    return sse(*events)
+
+
+def served(body: bytes, end: bool = True) -> Handler:
+    """``body`` as an SSE reply dripped in 13-byte pieces (cut through frames on purpose)."""
+    return sse_reply(split_bytes(body, 13), end=end)

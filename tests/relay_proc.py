@@ -8,10 +8,12 @@ enqueue tasks (the A2A entry is another component) and to make leases expire now
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -166,6 +168,56 @@ def store_fixture(db_url: str, relay: RelayProc) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+# -- the mellan CLI as a user runs it ---------------------------------------------------------
+
+
+class Cli:
+    """Runs ``mellan`` as a user on another machine would: its own XDG dirs, env only."""
+
+    def __init__(self, home: Path, **env: str) -> None:
+        self.env = relay_env(home)
+        self.env.update(env)
+        self.home = home
+
+    def __call__(self, *args: str, stdin: str | None = None, code: int = 0) -> str:
+        proc = subprocess.run(
+            [MELLAN, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=120,
+        )
+        assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
+        return proc.stdout if code == 0 else proc.stderr
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json"))
+
+
+@pytest.fixture(name="owner")
+def owner_fixture(relay: RelayProc, tmp_path: Path) -> Cli:
+    """The owner's machine, logged in to ``relay`` with the token file (never echoed)."""
+    cli = Cli(tmp_path / "owner-machine")
+    out = cli("login", "--relay", relay.url, "--token-file", str(relay.token_file))
+    assert "logged in" in out
+    assert relay.owner_token not in out
+    login = tmp_path / "owner-machine" / "config" / "mellan" / "login.json"
+    assert stat.S_IMODE(login.stat().st_mode) == 0o600
+    return cli
+
+
+def wait_line(relay: RelayProc, text: str, after: int = 0) -> str:
+    """The first line of the relay's output from ``after`` on that holds ``text``."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        for line in relay.lines[after:]:
+            if text in line:
+                return line
+        time.sleep(0.05)
+    pytest.fail(f"no {text!r} in {relay.lines}")
 
 
 # -- helpers over the real HTTP API --------------------------------------------------------------

@@ -9,6 +9,8 @@ A real SQLite file in a temporary directory and a real, fresh PostgreSQL databas
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from melchior.mellan.relay.store.base import Capability, NewTask, Store
 WS = "w"
 CALLER = "local/caller"
 RECEIVER = "private/ops"
+DAY = 86400.0
 
 
 @pytest.fixture(
@@ -190,3 +193,19 @@ def zombie_worker(url: str, owner: str, log_path: str, seed_value: int, ttl: flo
                 kind = "stalled" if stalled else "prompt"
                 log.write(json.dumps([lease.task.id, lease.epoch, kind, out.value]) + "\n")
     s.close()
+
+
+def backdate_in(db_url: str, task_id: str, days: float) -> None:
+    """Make a task look as if it finished ``days`` earlier than it did (the test's only
+    reach into the schema: waiting days for a clock is not an option)."""
+    if db_url.startswith("sqlite://"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite://"))) as c:
+            sql = "UPDATE task SET finished_at = finished_at - ? WHERE id = ?"
+            assert c.execute(sql, (int(days * DAY * 1000), task_id)).rowcount == 1
+            c.commit()
+    else:
+        import psycopg
+
+        with psycopg.connect(db_url) as c:
+            sql = "UPDATE task SET finished_at = finished_at - make_interval(days => %s)"
+            assert c.execute(sql + " WHERE id = %s", (days, task_id)).rowcount == 1

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from melchior import names_core as naming
+from melchior import names_core
 from melchior.names_core import (
     ENV_ID,
     ENV_PARENT,
@@ -115,19 +115,19 @@ def _check_private_dir(path: Path, *, what: str) -> str | None:
 
 
 def fallback_base() -> Path:
-    return Path(naming.fallback_base())
+    return Path(names_core.fallback_base())
 
 
 def runtime_base(env: Mapping[str, str]) -> Path:
     """``$XDG_RUNTIME_DIR/melchior``, or ``/tmp/melchior-<uid>`` when that is unusable
     (the rule is :func:`melchior.names_core.runtime_base`)."""
-    return Path(naming.runtime_base(env))
+    return Path(names_core.runtime_base(env))
 
 
 def registry_dir(project: str, env: Mapping[str, str] | None = None) -> Path:
     """The validated directory holding one project's sockets, created if missing (the
     rule, with its ``sun_path`` budget, is :func:`melchior.names_core.registry_dir`)."""
-    return Path(naming.registry_dir(project, env))
+    return Path(names_core.registry_dir(project, env))
 
 
 # -- ids ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import _socket
 import os
 import stat
 
-from melchior import names_core as naming
+from melchior import names_core
 from melchior.session.client import CALL_TIMEOUT, Unreachable, call, peer_uid
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (tool start-up)
@@ -36,7 +36,7 @@ def _notes_readable(directory: str, sid: str) -> bool:
     """Read the caller's notes as :meth:`Registry.session` does; False where it would raise."""
     for suffix in (".parent", ".role"):
         try:
-            with open(naming.join(directory, sid + suffix), encoding="utf-8") as f:
+            with open(names_core.join(directory, sid + suffix), encoding="utf-8") as f:
                 f.read()
         except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
             continue
@@ -78,18 +78,18 @@ def _config_ok(project: str, env: Mapping[str, str]) -> bool:
 def _own_socket(env: Mapping[str, str]) -> tuple[str, str] | None:
     """(the caller's id, its socket path) when the general path would reach it, else None."""
     os.getcwd()  # the general path reads it first; a deleted one fails there, not here
-    project = env.get(naming.ENV_PROJECT)
-    sid = env.get(naming.ENV_ID)
-    if not project or not sid or not naming.is_id(sid):
+    project = env.get(names_core.ENV_PROJECT)
+    sid = env.get(names_core.ENV_ID)
+    if not project or not sid or not names_core.is_id(sid):
         return None
     try:
-        naming.check_project(project)
-        directory = naming.registry_dir(project, env)
+        names_core.check_project(project)
+        directory = names_core.registry_dir(project, env)
     except Exception:
         return None
     if not _notes_readable(directory, sid) or not _config_ok(project, env):
         return None
-    path = naming.join(directory, sid)
+    path = names_core.join(directory, sid)
     try:
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             return None

@@ -20,8 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from melchior import names
-from melchior import names_core as naming
+from melchior import names, names_core
 from melchior.commands.tool import FLAGS
 from melchior.quick_status import status
 from melchior.tool import Request, perform
@@ -149,15 +148,15 @@ def test_a_dropped_call_is_refused_as_the_general_path_refuses_it(harness: Harne
         srv.close()
 
 
-_WORD = "(?:" + "|".join(naming.GREEK) + ")"
+_WORD = "(?:" + "|".join(names_core.GREEK) + ")"
 _OLD_ID_RE = re.compile(rf"^{_WORD}(?:-{_WORD}){{1,3}}$")
 
 ids_and_near_misses = st.one_of(
     st.text(max_size=30),
-    st.lists(st.sampled_from(naming.GREEK), min_size=0, max_size=6).map("-".join),
+    st.lists(st.sampled_from(names_core.GREEK), min_size=0, max_size=6).map("-".join),
     st.builds(
         lambda ws, tail: "-".join(ws) + tail,
-        st.lists(st.sampled_from([*naming.GREEK, "", "Alpha", "pi "]), min_size=1, max_size=5),
+        st.lists(st.sampled_from([*names_core.GREEK, "", "Alpha", "pi "]), min_size=1, max_size=5),
         st.sampled_from(["", "\n", "\n\n", "-", " ", "\r"]),
     ),
 )
@@ -165,15 +164,15 @@ ids_and_near_misses = st.one_of(
 
 @given(ids_and_near_misses)
 def test_is_id_answers_as_the_regular_expression_did(text: str) -> None:
-    expected = len(text) <= naming.MAX_ID_LEN and _OLD_ID_RE.match(text) is not None
-    assert naming.is_id(text) is expected
+    expected = len(text) <= names_core.MAX_ID_LEN and _OLD_ID_RE.match(text) is not None
+    assert names_core.is_id(text) is expected
 
 
 @given(st.lists(st.sampled_from(["", "a", "b", ".", "..", "x y"]), max_size=5), st.integers(0, 3))
 def test_naming_paths_are_spelled_as_pathlib_spells_them(parts: list[str], slashes: int) -> None:
     text = "/" * max(slashes, 1) + "/".join(parts)
-    assert naming.norm(text) == str(Path(text))
-    assert naming.join(naming.norm(text), "melchior") == str(Path(text) / "melchior")
+    assert names_core.norm(text) == str(Path(text))
+    assert names_core.join(names_core.norm(text), "melchior") == str(Path(text) / "melchior")
 
 
 _OLD_PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -187,13 +186,13 @@ _OLD_PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 )
 def test_project_names_are_judged_as_the_regular_expression_did(name: str) -> None:
     try:
-        naming.check_project(name)
+        names_core.check_project(name)
         ok = True
-    except naming.NamingError:
+    except names_core.NamingError:
         ok = False
     expected = (
         bool(name)
-        and len(name.encode()) <= naming.MAX_PROJECT_LEN
+        and len(name.encode()) <= names_core.MAX_PROJECT_LEN
         and "/" not in name
         and name not in (".", "..")
         and ".." not in name

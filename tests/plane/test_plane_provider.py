@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_runtimes_provider import call_stream, served, text_stream
 
 from melchior.policy.fence import unfence
 from plane_kit import AGENT, load_plane, log, run, running, settle, turns
-from provider_kit import LoopbackServer, sequence
+from provider_kit import LoopbackServer, call_stream, sequence, served, text_stream
 
 
 def test_a_model_writes_to_a_stand_in_and_reads_its_answer_next_turn(

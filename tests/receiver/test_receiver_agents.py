@@ -147,7 +147,7 @@ def test_an_a2a_agent_asks_back_and_the_answer_continues_its_task(
     """Hermes' way in (the a2a adapter) from the queue: the agent asks back, the caller's
     answer comes as the task's next turn, and the receiver continues the same A2A task
     (the session the first turn created), with the bearer token from its own environment."""
-    from test_runtimes_a2a import TOKEN, Agents
+    from a2a_agents_kit import TOKEN, Agents
 
     agents = Agents()
     try:

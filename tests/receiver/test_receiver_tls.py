@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import trustme
-from test_relay_tls import ca_file, server_pair
 
 from receiver_kit import (
     make_net,
@@ -19,6 +18,7 @@ from receiver_kit import (
     write_config,
 )
 from relay_proc import start_relay
+from tls_kit import ca_file, server_pair
 
 
 def test_a_receiver_presents_its_certificate_to_a_relay_that_requires_one(

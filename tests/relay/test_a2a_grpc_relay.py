@@ -204,7 +204,9 @@ def test_grpc_is_served_with_the_https_certificate(tmp_path: Path) -> None:
     """With --tls-cert/--tls-key the gRPC port speaks TLS with the same certificate: a
     client trusting the CA is answered, a plaintext one and one trusting another CA are not."""
     import trustme
-    from test_relay_tls import ca_file, server_pair, setup_agents, wait_line
+
+    from relay_proc import wait_line
+    from tls_kit import ca_file, server_pair, setup_agents
 
     ca = trustme.CA(organization_name="mellan grpc test CA")
     crt, key = server_pair(ca, tmp_path)

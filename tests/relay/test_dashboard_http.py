@@ -15,7 +15,7 @@ import pytest
 from starlette.routing import Mount, Route
 
 from a2a_kit import CALLER, RECEIVER, WS, Server, World, seed
-from dashboard_kit import browser, csrf_of, post_form, send_task, sign_in
+from dashboard_kit import browser, csrf_of, frames, post_form, send_task, sign_in
 from melchior.mellan.relay.auth import hash_token
 from melchior.mellan.relay.store.base import AuditFilter, FollowUp, NewTask, Record
 from melchior.mellan.relay.surfaces.dashboard import routes
@@ -284,25 +284,6 @@ def test_a_task_page_shows_payloads_exactly_as_stored(site: tuple[Server, World]
     assert missing.status_code == 404
 
 
-def _frames(lines: Iterator[str], count: int) -> list[tuple[str, str, dict[str, str]]]:
-    """The next ``count`` events of a stream's lines: (event id, event name, data)."""
-    out: list[tuple[str, str, dict[str, str]]] = []
-    ident, name, data = "", "", ""
-    for line in lines:
-        if line.startswith("id: "):
-            ident = line[4:]
-        elif line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            data = line[6:]
-        elif line == "" and data:
-            out.append((ident, name, json.loads(data)))
-            ident, name, data = "", "", ""
-            if len(out) == count:
-                return out
-    return out
-
-
 def test_live_streams_follow_tasks_and_the_audit_log(site: tuple[Server, World]) -> None:
     server, world = site
     c, _ = sign_in(server.url, world.tokens["owner"])
@@ -314,7 +295,7 @@ def test_live_streams_follow_tasks_and_the_audit_log(site: tuple[Server, World])
             f"{server.url}/api/agents", json={"id": "live/one", "capabilities": []}, headers=owner
         )
         assert made.status_code == 201
-        ((ident, name, data),) = _frames(stream.iter_lines(), 1)
+        ((ident, name, data),) = frames(stream.iter_lines(), 1)
     assert name == "html"
     assert data["target"] == "audit-rows"
     assert data["mode"] == "prepend"
@@ -324,18 +305,18 @@ def test_live_streams_follow_tasks_and_the_audit_log(site: tuple[Server, World])
     httpx.post(f"{server.url}/api/agents", json={"id": "live/two"}, headers=owner)
     headers = {"last-event-id": ident}
     with c.stream("GET", "/ui/audit/live?after=0", headers=headers, timeout=30) as stream:
-        ((_, _, data),) = _frames(stream.iter_lines(), 1)
+        ((_, _, data),) = frames(stream.iter_lines(), 1)
     assert "live/two" in data["html"]
     assert "live/one" not in data["html"]
     # one task: its summary and timeline, again when the receiver moves it
     task_id = send_task(server.url, WS, RECEIVER, world.tokens["caller"], "hello")
     with c.stream("GET", f"/ui/tasks/{task_id}/live", timeout=30) as stream:
         lines = stream.iter_lines()
-        first = _frames(lines, 2)
+        first = frames(lines, 2)
         assert {d["target"] for _, _, d in first} == {"task-summary", "timeline"}
         assert "queued" in first[0][2]["html"]
         (lease,) = server.store.claim(WS, RECEIVER, "test", actor=f"agent:{RECEIVER}")
-        ((_, _, moved),) = _frames(lines, 1)
+        ((_, _, moved),) = frames(lines, 1)
     assert moved["target"] == "task-summary"
     assert "working" in moved["html"]
     assert lease.task.id == task_id
@@ -358,12 +339,12 @@ def test_live_views_of_one_task_share_one_reader(site: tuple[Server, World]) -> 
     with a.stream("GET", url, timeout=30) as one, b.stream("GET", url, timeout=30) as two:
         lines = [one.iter_lines(), two.iter_lines()]
         for it in lines:
-            assert "queued" in _frames(it, 2)[0][2]["html"]
+            assert "queued" in frames(it, 2)[0][2]["html"]
         assert _gauge(server, world, "mellan_stream_readers") == 1
         assert _gauge(server, world, "mellan_stream_followers") == 2
         server.store.claim(WS, RECEIVER, "test", actor=f"agent:{RECEIVER}")
         for it in lines:
-            ((_, _, moved),) = _frames(it, 1)
+            ((_, _, moved),) = frames(it, 1)
             assert "working" in moved["html"]
     deadline = time.monotonic() + 30  # a hang guard: the server sees the clients go
     while _gauge(server, world, "mellan_stream_readers") != 0:

@@ -14,50 +14,16 @@ import pytest
 from melchior.mellan.relay.store.base import Store
 from relay_proc import (
     MELLAN,
+    Cli,
     RelayProc,
     db_url_fixture,
     enqueue,
-    relay_env,
+    owner_fixture,
     relay_fixture,
     store_fixture,
 )
 
-__all__ = ["db_url_fixture", "relay_fixture", "store_fixture"]
-
-
-class Cli:
-    """Runs ``mellan`` as a user on another machine would: its own XDG dirs, env only."""
-
-    def __init__(self, home: Path, **env: str) -> None:
-        self.env = relay_env(home)
-        self.env.update(env)
-        self.home = home
-
-    def __call__(self, *args: str, stdin: str | None = None, code: int = 0) -> str:
-        proc = subprocess.run(
-            [MELLAN, *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=120,
-        )
-        assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
-        return proc.stdout if code == 0 else proc.stderr
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "--json"))
-
-
-@pytest.fixture
-def owner(relay: RelayProc, tmp_path: Path) -> Cli:
-    cli = Cli(tmp_path / "owner-machine")
-    out = cli("login", "--relay", relay.url, "--token-file", str(relay.token_file))
-    assert "logged in" in out
-    assert relay.owner_token not in out
-    login = tmp_path / "owner-machine" / "config" / "mellan" / "login.json"
-    assert stat.S_IMODE(login.stat().st_mode) == 0o600
-    return cli
+__all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
 
 
 def test_owner_walk_through(relay: RelayProc, owner: Cli, store: Store, tmp_path: Path) -> None:

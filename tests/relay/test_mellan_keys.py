@@ -10,14 +10,13 @@ import stat
 from pathlib import Path
 
 import httpx
-from test_mellan_cli import Cli, owner
 
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import Store
 from melchior.mellan.sealing import KeyPair
-from relay_proc import RelayProc, db_url_fixture, relay_fixture, store_fixture
+from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
 
-__all__ = ["db_url_fixture", "owner", "relay_fixture", "store_fixture"]
+__all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
 
 
 def test_join_registers_a_key_pinned_by_callers_and_a_swap_is_caught(

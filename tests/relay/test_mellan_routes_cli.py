@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mellan_cli import Cli
 
-from relay_proc import MELLAN, RelayProc, db_url_fixture, relay_env, relay_fixture
+from relay_proc import MELLAN, Cli, RelayProc, db_url_fixture, relay_env, relay_fixture
 
 __all__ = ["db_url_fixture", "relay_fixture"]
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from a2a_kit import CALLER, WS, Receiver, Server, World, message, running
-from dashboard_kit import sign_in
+from dashboard_kit import frames, sign_in
 from melchior.mellan.relay.store.base import PushAttempt, TaskState
 from melchior.mellan.signing import verify
 from storekit import db_url_fixture  # noqa: F401
@@ -401,7 +401,6 @@ def test_the_dashboard_redraws_a_tasks_timeline_when_a_push_lands(db_url: str) -
     """A task's page follows its push rows live: pending while the webhook holds the first
     notification, then delivered, without a reload — woken by the delivery itself (the
     relay's periodic re-read is set to 300 s here, so only a wake-up can redraw it)."""
-    from test_dashboard_http import _frames
 
     hold = threading.Event()
     hook = Hook(behaviour=Behaviour(hold=hold))
@@ -416,13 +415,13 @@ def test_the_dashboard_redraws_a_tasks_timeline_when_a_push_lands(db_url: str) -
             c, _ = sign_in(server.url, world.tokens["owner"])
             with c.stream("GET", f"/ui/tasks/{tid}/live", timeout=30) as stream:
                 lines = stream.iter_lines()
-                first = {d["target"]: d["html"] for _, _, d in _frames(lines, 2)}
+                first = {d["target"]: d["html"] for _, _, d in frames(lines, 2)}
                 assert "push pending" in first["timeline"]
                 assert "push delivered" not in first["timeline"]
                 hold.set()  # the webhook answers now
                 seen = ""
                 while "push delivered" not in seen:  # a read times out if nothing wakes it
-                    ((_, _, frame),) = _frames(lines, 1)
+                    ((_, _, frame),) = frames(lines, 1)
                     if frame["target"] == "timeline":
                         seen = frame["html"]
     finally:

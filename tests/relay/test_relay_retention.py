@@ -9,11 +9,9 @@ import subprocess
 import sys
 import time
 
-from test_store_retention import backdate_in
-
 from a2a_kit import CALLER, RECEIVER, WS, Server, seed
 from melchior.mellan.relay.store.base import AuditFilter, NewTask
-from storekit import db_url_fixture  # noqa: F401
+from storekit import backdate_in, db_url_fixture  # noqa: F401
 
 
 def test_a_replica_deletes_old_finished_tasks_by_itself(db_url: str) -> None:

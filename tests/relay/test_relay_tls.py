@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import ssl
 import subprocess
 import threading
 import time
@@ -24,7 +23,8 @@ from hypothesis import strategies as st
 
 from melchior.mellan import transport
 from melchior.mellan.client.receiver import ClaimedTask, ReceiverClient, ReceiverError
-from relay_proc import MELLAN, RelayProc, relay_env, start_relay
+from relay_proc import MELLAN, RelayProc, relay_env, start_relay, wait_line
+from tls_kit import ca_file, server_pair, setup_agents, verified
 
 DEADLINE = 60.0  # for something that must happen; never a measured threshold
 
@@ -32,24 +32,6 @@ DEADLINE = 60.0  # for something that must happen; never a measured threshold
 @pytest.fixture(scope="module")
 def ca() -> trustme.CA:
     return trustme.CA(organization_name="mellan test CA")
-
-
-def server_pair(ca: trustme.CA, where: Path, name: str = "relay") -> tuple[Path, Path]:
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    crt, key = where / f"{name}.crt", where / f"{name}.key"
-    crt.write_bytes(b"".join(p.bytes() for p in cert.cert_chain_pems))
-    cert.private_key_pem.write_to_path(str(key))
-    return crt, key
-
-
-def ca_file(ca: trustme.CA, where: Path, name: str = "ca.pem") -> Path:
-    path = where / name
-    ca.cert_pem.write_to_path(str(path))
-    return path
-
-
-def verified(cafile: Path, **kw: Any) -> httpx.Client:
-    return httpx.Client(verify=ssl.create_default_context(cafile=str(cafile)), timeout=30, **kw)
 
 
 class Cli:
@@ -76,23 +58,6 @@ def https_relay(ca: trustme.CA, tmp_path: Path) -> Iterator[RelayProc]:
         yield relay
     finally:
         relay.stop()
-
-
-def setup_agents(relay: RelayProc, cafile: Path) -> tuple[str, str]:
-    """private/ops and local/codex with a grant; their tokens (caller, receiver)."""
-    tokens = []
-    with verified(cafile, base_url=relay.url) as c:
-        h = {"authorization": f"Bearer {relay.owner_token}"}
-        for agent, caps in (("private/ops", ["incident.inspect"]), ("local/codex", [])):
-            r = c.post("/api/agents", json={"id": agent, "capabilities": caps}, headers=h)
-            assert r.status_code == 201, r.text
-        grant = {"caller": "local/codex", "receiver": "private/ops",
-                 "capabilities": ["incident.inspect"]}  # fmt: skip
-        assert c.post("/api/grants", json=grant, headers=h).status_code == 201
-        for agent in ("local/codex", "private/ops"):
-            code = c.post("/api/enrollments", json={"agent": agent}, headers=h).json()["code"]
-            tokens.append(c.post("/api/join", json={"code": code}).json()["token"])
-    return tokens[0], tokens[1]
 
 
 def claim_one(rc: ReceiverClient, wait: float = 25.0) -> ClaimedTask:
@@ -154,16 +119,6 @@ def test_a_wrong_ca_is_refused(https_relay: RelayProc, tmp_path: Path) -> None:
     out = send.run("send", "private/ops", "hi", "--relay", https_relay.url,
                    "--workspace", "default", code=3)  # fmt: skip
     assert "certificate does not verify" in out.stderr
-
-
-def wait_line(relay: RelayProc, text: str, after: int = 0) -> str:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        for line in relay.lines[after:]:
-            if text in line:
-                return line
-        time.sleep(0.05)
-    pytest.fail(f"no {text!r} in {relay.lines}")
 
 
 def test_sighup_reloads_for_new_connections_while_open_ones_keep_working(

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import psycopg
-from test_mellan_cli import Cli, owner
 
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import Store
@@ -25,9 +24,9 @@ from melchior.mellan.sealing import (
     seal,
     sealed_message,
 )
-from relay_proc import RelayProc, db_url_fixture, relay_fixture, store_fixture
+from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
 
-__all__ = ["db_url_fixture", "owner", "relay_fixture", "store_fixture"]
+__all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
 
 CAP = "incident.inspect"
 

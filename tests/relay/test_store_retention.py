@@ -4,8 +4,6 @@ replica purges at a time."""
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from collections.abc import Callable
 
 import pytest
@@ -19,26 +17,18 @@ from melchior.mellan.relay.store.base import (
     Task,
     TaskState,
 )
-from storekit import CALLER, RECEIVER, WS, db_url_fixture, new_task, store_fixture  # noqa: F401
+from storekit import (  # noqa: F401
+    CALLER,
+    DAY,
+    RECEIVER,
+    WS,
+    backdate_in,
+    db_url_fixture,
+    new_task,
+    store_fixture,
+)
 
-DAY = 86400.0
 PURGE = Record("system:retention", "task.purge", "retention", "finished before the cut-off")
-
-
-def backdate_in(db_url: str, task_id: str, days: float) -> None:
-    """Make a task look as if it finished ``days`` earlier than it did (the test's only
-    reach into the schema: waiting days for a clock is not an option)."""
-    if db_url.startswith("sqlite://"):
-        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite://"))) as c:
-            sql = "UPDATE task SET finished_at = finished_at - ? WHERE id = ?"
-            assert c.execute(sql, (int(days * DAY * 1000), task_id)).rowcount == 1
-            c.commit()
-    else:
-        import psycopg
-
-        with psycopg.connect(db_url) as c:
-            sql = "UPDATE task SET finished_at = finished_at - make_interval(days => %s)"
-            assert c.execute(sql + " WHERE id = %s", (days, task_id)).rowcount == 1
 
 
 @pytest.fixture(name="backdate")

@@ -25,7 +25,6 @@ from a2a.utils.constants import TransportProtocol
 from google.protobuf import json_format
 from hypothesis import given
 from hypothesis import strategies as st
-from test_stream_fanout import POLL, eventually, metric, queued_task
 
 from a2a_kit import Server, World, running
 from melchior.mellan.client.receiver import ReceiverClient
@@ -36,6 +35,7 @@ from melchior.mellan.relay.store.base import Task, TaskEvent, TaskState
 from melchior.mellan.relay.surfaces.a2a import jsonrpc, sse, tasks
 from melchior.mellan.relay.watch import Watches
 from storekit import db_url_fixture  # noqa: F401
+from streams_kit import POLL, eventually, metric, queued_task
 
 # -- the envelope: bytes around shared bytes are the whole response ---------------------------
 

@@ -17,54 +17,10 @@ import pytest
 from melchior.plane import outbox, roster, verbs
 from melchior.plane.verbs import ENV_AGENT, ENV_OUTBOX, ENV_ROSTER
 from melchior.runtimes import COMPLETED, FAILED, RuntimeConfigError, Turn, runtime_for
-from provider_kit import LoopbackServer, sequence, split_bytes, sse, sse_reply
+from provider_kit import LoopbackServer, call_stream, sequence, served, text_stream
 from runtimes_kit import Sink
 
 pytestmark = pytest.mark.streaming
-
-
-def delta(**fields: Any) -> dict[str, Any]:
-    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": fields}]}
-
-
-def text_stream(text: str, cost: float | None = None) -> bytes:
-    usage: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 3}
-    if cost is not None:
-        usage["cost"] = cost
-    return sse(
-        delta(role="assistant", content=""),
-        *[delta(content=part) for part in text.split(" ") if part for part in (part + " ",)],
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {"choices": [], "usage": usage},
-        "[DONE]",
-    )
-
-
-def call_stream(
-    name: str, arguments: str, call_id: str = "call_1", done: bool = True, say: str = ""
-) -> bytes:
-    events: list[Any] = [
-        delta(role="assistant", content=say),
-        delta(
-            tool_calls=[
-                {
-                    "index": 0,
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": ""},
-                }
-            ]
-        ),
-        delta(tool_calls=[{"index": 0, "function": {"arguments": arguments}}]),
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-    ]
-    if done:
-        events.append("[DONE]")
-    return sse(*events)
-
-
-def served(body: bytes, end: bool = True) -> Any:
-    return sse_reply(split_bytes(body, 13), end=end)
 
 
 def options(server: LoopbackServer, **extra: Any) -> dict[str, Any]:

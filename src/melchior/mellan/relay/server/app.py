@@ -139,16 +139,14 @@ def create_app(relay: Relay, *, dashboard: Settings | None = None) -> Starlette:
     lifespan owns every background task of the replica (lease sweeper, accept batcher,
     push deliverer, retention, waker) in one task group, and awaits them on the way out."""
     from melchior.mellan.relay.refusals import HANDLERS
-    from melchior.mellan.relay.surfaces import a2a, control, wakeconfig
-    from melchior.mellan.relay.surfaces import receiver as receiver_api
-    from melchior.mellan.relay.surfaces import route_changes as taskroutes
+    from melchior.mellan.relay.surfaces import a2a, control, receiver, route_changes, wakeconfig
     from melchior.mellan.relay.surfaces.a2a import paths
     from melchior.mellan.relay.surfaces.dashboard import PREFIX, create_dashboard
 
     api = Starlette(
         routes=control.routes()
-        + receiver_api.routes()
-        + taskroutes.http_routes()
+        + receiver.routes()
+        + route_changes.http_routes()
         + wakeconfig.http_routes(),
         exception_handlers=HANDLERS,
     )

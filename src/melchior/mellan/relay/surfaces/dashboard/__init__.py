@@ -9,7 +9,7 @@ no request leaving the machine. Module by concept:
   :mod:`.guard` — the wrapper every protected route goes through; :mod:`.signin`;
 - :mod:`.pages` — pages and forms (changes through :mod:`melchior.mellan.relay.surfaces.actions`,
   the same functions the control API calls); :mod:`.live` — server-sent updates;
-- :mod:`.routing` — the Routes page (approve, revoke);
+- :mod:`.routes_page` — the Routes page (approve, revoke);
 - :mod:`.timeline` — a task's recorded steps; :mod:`.pictures` — SVG pictures;
 - :mod:`.render`, :mod:`.forms`, :mod:`.headers` — templates, bounded forms, headers.
 """
@@ -32,8 +32,7 @@ from starlette.staticfiles import StaticFiles
 from melchior.mellan.relay.context import Relay
 from melchior.mellan.relay.refusals import ApiError, client_gone, unavailable_reason
 from melchior.mellan.relay.store.base import Conflict, NotFoundError, StoreError, StoreUnavailable
-from melchior.mellan.relay.surfaces.dashboard import live, pages, render, signin
-from melchior.mellan.relay.surfaces.dashboard import routes_page as routing
+from melchior.mellan.relay.surfaces.dashboard import live, pages, render, routes_page, signin
 from melchior.mellan.relay.surfaces.dashboard.guard import change, view
 from melchior.mellan.relay.surfaces.dashboard.headers import SecurityHeaders
 from melchior.mellan.relay.surfaces.dashboard.sessions import Refused, Settings
@@ -138,9 +137,9 @@ def routes() -> list[BaseRoute]:
         Route("/grants", view(pages.grants_page), methods=get),
         Route("/grants", change(pages.add_grant), methods=post),
         Route("/grants/{grant_id}/revoke", change(pages.revoke_grant), methods=post),
-        Route("/routes", view(routing.routes_page), methods=get),
-        Route("/routes/{route_id}/approve", change(routing.approve_route), methods=post),
-        Route("/routes/{route_id}/revoke", change(routing.revoke_route), methods=post),
+        Route("/routes", view(routes_page.routes_page), methods=get),
+        Route("/routes/{route_id}/approve", change(routes_page.approve_route), methods=post),
+        Route("/routes/{route_id}/revoke", change(routes_page.revoke_route), methods=post),
         Route("/tasks", view(pages.tasks_page), methods=get),
         Route("/tasks/live", view(live.tasks_live, touch=False), methods=get),
         Route("/tasks/{task_id}", view(pages.task_view), methods=get),

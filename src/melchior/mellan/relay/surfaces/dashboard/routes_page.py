@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from melchior.mellan.relay.refusals import ApiError
 from melchior.mellan.relay.store.base import Route, RouteState
-from melchior.mellan.relay.surfaces import route_changes as taskroutes
+from melchior.mellan.relay.surfaces import route_changes
 from melchior.mellan.relay.surfaces.dashboard import render
 from melchior.mellan.relay.surfaces.dashboard.forms import Form
 from melchior.mellan.relay.surfaces.dashboard.guard import relay_of
@@ -58,7 +58,7 @@ async def routes_page(request: Request, owner: Owner) -> Response:
 
 async def approve_route(request: Request, owner: Owner, form: Form) -> Response:
     try:
-        await taskroutes.approve(
+        await route_changes.approve(
             relay_of(request), owner.principal, request.path_params["route_id"]
         )
     except ApiError as exc:
@@ -72,7 +72,9 @@ async def approve_route(request: Request, owner: Owner, form: Form) -> Response:
 
 async def revoke_route(request: Request, owner: Owner, form: Form) -> Response:
     try:
-        await taskroutes.revoke(relay_of(request), owner.principal, request.path_params["route_id"])
+        await route_changes.revoke(
+            relay_of(request), owner.principal, request.path_params["route_id"]
+        )
     except ApiError as exc:
         return await refused(
             request,
