@@ -65,6 +65,8 @@ elif word == "meet":  # wait until N tasks are running at once (or give up after
 elif word == "ask":
     print("which one?")
     sys.exit(3)
+elif word == "history":  # the earlier turns as the receiver handed them over
+    print(os.environ.get("MELLAN_TASK_HISTORY", ""))
 elif word == "fail":
     print("it broke", file=sys.stderr)
     sys.exit(4)

@@ -9,6 +9,7 @@ never run, the error what the caller reads."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import secrets
@@ -20,10 +21,11 @@ import pytest
 from test_mellan_cli import Cli, owner
 from test_sealed_relay import _database_text
 
-from melchior.mellan.client.caller import RelayClient
+from melchior.mellan.client.caller import AsyncRelayClient, RelayClient
+from melchior.mellan.client.views import COMPLETED, INPUT_REQUIRED, TaskView
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import NewTask, Store
-from melchior.mellan.sealed_tasks import seal_request
+from melchior.mellan.sealed_tasks import KeyRing, seal_request
 from melchior.mellan.sealing import KeyPair, PublicKey, envelope_of
 from receiver_kit import (
     CALLER,
@@ -200,3 +202,40 @@ def test_forgeries_by_the_relay_are_refused_by_the_receiver_and_never_run(
     swapped = sealed.refused(sealed.forged(store, sealed.sealed("swap", sender=forger)), "key")
     assert sealed.codex_keys.public.fingerprint in swapped
     assert forger.public.fingerprint in swapped
+
+
+def test_a_sealed_task_asks_back_and_the_sealed_answer_is_its_next_turn(
+    sealed: Sealed, db_url: str
+) -> None:
+    """Through the async client (the library path): the question comes back sealed and
+    opens, the caller's answer is sealed to the same task, and its result opens too."""
+    secret = "customer " + secrets.token_hex(8)
+
+    async def converse() -> tuple[TaskView, TaskView]:
+        keys = KeyRing(sealed.codex.home / "config" / "mellan")
+        async with AsyncRelayClient(
+            sealed.net.relay.url, sealed.net.caller_token, keys=keys
+        ) as client:
+            asked = await client.send(
+                RECEIVER, f"ask about {secret}", capability=CAPABILITY, seal=True, wait=True
+            )
+            answered = await client.send(
+                RECEIVER, f"history of {secret}", capability=CAPABILITY, task=asked.id,
+                seal=True, wait=True,
+            )  # fmt: skip
+            return asked, answered
+
+    asked, answered = asyncio.run(converse())
+    assert asked.state == INPUT_REQUIRED
+    assert "which one?" in asked.answer
+    assert asked.seal is not None
+    assert answered.id == asked.id
+    assert answered.state == COMPLETED
+    assert f"done: HISTORY OF {secret.upper()} (turn 2)" in answered.answer
+    # a fresh run reads the earlier turn opened, and a note for the answer sealed away
+    (earlier,) = json.loads(answered.answer.split("\n")[0])
+    assert earlier["text"] == f"ask about {secret}"
+    assert "sealed to the caller" in earlier["answer"]
+    held = _database_text(db_url)
+    assert secret.encode() not in held
+    assert secret.upper().encode() not in held

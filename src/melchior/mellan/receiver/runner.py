@@ -51,7 +51,7 @@ from melchior.mellan.receiver import prompt
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.progress import Outbox
 from melchior.mellan.receiver.reporter import revoked_reason
-from melchior.mellan.receiver.sealed import NotOpened, SealedTurn, Unsealer
+from melchior.mellan.receiver.sealed import NotOpened, SealedTurn, Unsealer, earlier_turns
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
 from melchior.mellan.receiver.status import Board, Running, short
@@ -262,9 +262,15 @@ class TaskRun:
                        time.time())
             )  # fmt: skip
         session = bound or self.s.sessions.get(self.tid)
-        payload = self.sealed.message if self.sealed else self.lease.payload
+        payload, history = self.lease.payload, self.lease.history
+        if self.sealed is not None:
+            payload = self.sealed.message
+            try:
+                history = earlier_turns(self.sealed, self.task, history)
+            except NotOpened as exc:
+                return await self._refuse(exc.decision)
         message, text, env = prompt.build(
-            adapter, self.task, payload, self.lease.history, fresh=session is None
+            adapter, self.task, payload, history, fresh=session is None
         )
         turn = Turn(
             prompt=text,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,14 @@ from melchior.mellan.sealed_tasks import (
     result_binding,
     seal_result,
 )
-from melchior.mellan.sealing import Binding, KeyPair, PublicKey, SealRefused, envelope_of
+from melchior.mellan.sealing import (
+    Binding,
+    KeyPair,
+    PublicKey,
+    SealRefused,
+    envelope_of,
+    is_sealed,
+)
 from melchior.policy.decision import Decision, refuse
 
 WITHHELD = (
@@ -143,25 +150,62 @@ class Unsealer:
             raise NotOpened(refuse("sealed-key", str(exc))) from None
         tid = str(task.get("id") or "")
         try:
-            binding = request_binding(
-                message,
-                workspace=str(task.get("workspace") or ""),
-                caller=caller,
-                receiver=str(task.get("receiver") or ""),
-                capability=str(task.get("capability") or ""),
-            )
-            # a follow-up names its task and context in clear: the ones checked are the
-            # lease's, so a turn moved into another task does not open
-            context = task.get("context_id")
-            binding = dataclasses.replace(
-                binding,
-                task=tid if binding.task is not None else None,
-                context=(context if isinstance(context, str) else "")
-                if binding.context is not None
-                else None,
-            )
+            binding = _binding(task, message)
             clear = open_request(message, binding=binding, me=me, sender=caller_key)
             await asyncio.to_thread(self.opened.claim, caller, binding.message, tid, turn)
         except SealRefused as exc:
             raise NotOpened(refuse(f"sealed-{exc.rule}", exc.reason)) from None
         return SealedTurn(clear, binding, me, caller_key)
+
+
+def _binding(task: Mapping[str, Any], message: Mapping[str, Any]) -> Binding:
+    """The binding a caller's message to ``task`` must open for: the lease's routing, and
+    — when the message names a task or context in clear (a follow-up) — the lease's task
+    and context, so a turn moved into another task does not open."""
+    binding = request_binding(
+        message,
+        workspace=str(task.get("workspace") or ""),
+        caller=str(task.get("caller") or ""),
+        receiver=str(task.get("receiver") or ""),
+        capability=str(task.get("capability") or ""),
+    )
+    context = task.get("context_id")
+    return dataclasses.replace(
+        binding,
+        task=str(task.get("id") or "") if binding.task is not None else None,
+        context=(context if isinstance(context, str) else "")
+        if binding.context is not None
+        else None,
+    )
+
+
+SEALED_ANSWER = "(this answer was sealed to the caller; the receiver keeps no readable copy)"
+
+
+def earlier_turns(
+    turn: SealedTurn, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """The earlier turns of a sealed task as its adapter may read them (a fresh run's
+    prompt carries them): each caller message opened, bound as it was sent; each earlier
+    answer — sealed to the caller, so unreadable here — replaced by a note saying so. An
+    earlier message that does not open refuses the turn (:class:`NotOpened`): the relay
+    may not put words in the caller's mouth in the past tense either."""
+    out = []
+    for item in history:
+        entry = dict(item)
+        message = item.get("message")
+        try:
+            if isinstance(message, Mapping) and envelope_of(message) is not None:
+                entry["message"] = open_request(
+                    message, binding=_binding(task, message), me=turn.me, sender=turn.caller_key
+                )
+        except SealRefused as exc:
+            why = f"an earlier turn ({item.get('turn')}) does not open: {exc.reason}"
+            raise NotOpened(refuse(f"sealed-{exc.rule}", why)) from None
+        result = item.get("result")
+        answer = result.get("message") if isinstance(result, Mapping) else None
+        if isinstance(answer, Mapping) and is_sealed(answer):
+            note = {"role": "ROLE_AGENT", "parts": [{"text": SEALED_ANSWER}]}
+            entry["result"] = {**dict(result or {}), "message": note, "artifacts": []}
+        out.append(entry)
+    return tuple(out)
