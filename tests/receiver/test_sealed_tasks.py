@@ -14,6 +14,7 @@ import dataclasses
 import json
 import secrets
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 from test_mellan_cli import Cli, owner
 from test_sealed_relay import _database_text
 
+from mcp_kit import base_env, start
 from melchior.mellan.client.caller import AsyncRelayClient, RelayClient
 from melchior.mellan.client.views import COMPLETED, INPUT_REQUIRED, TaskView
 from melchior.mellan.keys import load_keypair
@@ -239,3 +241,31 @@ def test_a_sealed_task_asks_back_and_the_sealed_answer_is_its_next_turn(
     held = _database_text(db_url)
     assert secret.encode() not in held
     assert secret.upper().encode() not in held
+
+
+def test_the_mcp_bridge_sends_sealed_and_reads_the_opened_answer(
+    sealed: Sealed, runtime_dir: Path, db_url: str
+) -> None:
+    """The agent's MCP bridge as the caller: ``relay_send`` with ``seal`` uses the key
+    'mellan join' stored beside the credential the bridge acts with."""
+    env = base_env(runtime_dir, sealed.codex.home / "config", CLAUDE_CODE_SESSION_ID="sealed")
+    secret = "incident " + secrets.token_hex(8)
+    ask = {"agent": RECEIVER, "message": secret, "capability": CAPABILITY}
+
+    async def scenario() -> None:
+        async with AsyncExitStack() as stack:
+            me = await start(stack, env, "--as", CALLER)
+            waited = await me.one("relay_send", **ask, mode="wait", seal=True)
+            assert waited["receipt"] == "answered"
+            assert f"done: {secret.upper()}" in json.dumps(waited["task"]["status"]["message"])
+            meta = waited["task"]["metadata"]["https://melchior.dev/ext/sealed/v1"]
+            assert meta["opened"] is True
+            clear = await me.error("relay_send", **ask)
+            assert clear["rule"] == "grant"
+            assert "requires sealed sends" in clear["reason"]
+            streamed = await me.error("relay_send", **ask, mode="stream", seal=True)
+            assert streamed["code"] == "bad-args"
+            assert "does not stream" in streamed["reason"]
+
+    asyncio.run(scenario())
+    assert secret.encode() not in _database_text(db_url)
