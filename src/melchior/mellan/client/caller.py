@@ -67,7 +67,7 @@ from melchior.mellan.client.views import (
 from melchior.mellan.keys import KeyProblem
 from melchior.mellan.rawjson import JSONTextError, check_request, decode, encode
 from melchior.mellan.sealed_tasks import KeyRing, SealedSend, open_result, seal_request
-from melchior.mellan.sealing import SEALED_URI, SealRefused
+from melchior.mellan.sealing import SEALED_URI, KeyPair, PublicKey, SealRefused
 from melchior.mellan.transport import ClientTls
 from melchior.sse import SSEDecoder, SSEError, SSEEvent
 
@@ -140,6 +140,8 @@ class _Calls:
         self.keys = keys
         """This machine's keys for sealed sends (default: the CLI's configuration
         directory, where 'mellan join' put the agent's key pair and pins live)."""
+        self._mine: dict[str, KeyPair] = {}
+        self._checked: dict[str, PublicKey] = {}
         self.token = token
         self.tls = tls
         self.timeout = timeout
@@ -264,12 +266,19 @@ class _Calls:
             body["metadata"] = {"capability": capability}
         return body
 
+    def _key_url(self, agent: str) -> str | None:
+        """Where ``agent``'s key is read, or ``None`` when this client already checked it
+        against the pin: a client seals to the key it checked first for its whole life
+        (a key the relay changes meanwhile is caught by the next client's check)."""
+        return None if agent in self._checked else f"{self.relay}/api/keys/{quote(agent, safe='/')}"
+
     def _seal(
         self, body: dict[str, Any], *, workspace: str, caller: str, agent: str, offered: Any
     ) -> SealedSend:
         """Seal ``body``'s message in place to ``agent``'s key (``offered``: what the relay
-        answered for it, checked against this machine's pin) and say how to open the
-        result. Refused before anything is sent when a key is missing or changed."""
+        answered for it, checked against this machine's pin; ``None``: the key this client
+        checked before) and say how to open the result. Refused before anything is sent
+        when a key is missing or changed."""
         metadata = body.get("metadata")
         capability = metadata.get("capability") if isinstance(metadata, dict) else None
         if not isinstance(capability, str) or not capability:
@@ -280,10 +289,11 @@ class _Calls:
         if self.keys is None:
             self.keys = KeyRing(credentials.config_dir())
         try:
-            me = self.keys.mine(caller)
-            to = self.keys.pinned(agent, offered)
+            me = self._mine[caller] if caller in self._mine else self.keys.mine(caller)
+            to = self._checked[agent] if offered is None else self.keys.pinned(agent, offered)
         except (KeyProblem, ValueError) as exc:
             raise RelayError(f"not sealed, so not sent: {exc}", code=SEALED, said=False) from None
+        self._mine[caller], self._checked[agent] = me, to
         body["message"], binding = seal_request(
             body["message"], workspace=workspace, caller=caller, receiver=agent,
             capability=capability, to=to, sender=me,
@@ -466,7 +476,8 @@ class RelayClient(_Calls):
         body["configuration"] = {"returnImmediately": True}
         sealed = None
         if seal:
-            offered, _ = self._call("GET", f"{self.relay}/api/keys/{quote(agent, safe='/')}")
+            url = self._key_url(agent)
+            offered = self._call("GET", url)[0] if url else None
             sealed = self._seal(
                 body, workspace=self.workspace(), caller=self.whoami().subject, agent=agent,
                 offered=offered,
@@ -645,10 +656,9 @@ class AsyncRelayClient(_Calls):
         body["configuration"] = {"returnImmediately": True}
         sealed = None
         if seal:
-            url = f"{self.relay}/api/keys/{quote(agent, safe='/')}"
-            offered, _ = await self._call("GET", url)
+            url = self._key_url(agent)
+            offered = (await self._call("GET", url))[0] if url else None
             workspace, me = await self.workspace(), (await self.whoami()).subject
-            # the key files are two small reads; the seal itself is microseconds
             sealed = self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
         answer, raw = await self._call("POST", await self.base(agent) + "/message:send", body)
         accepted = self._sent(answer, raw)
