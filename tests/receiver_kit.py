@@ -65,6 +65,8 @@ elif word == "meet":  # wait until N tasks are running at once (or give up after
 elif word == "ask":
     print("which one?")
     sys.exit(3)
+elif word == "history":  # the earlier turns as the receiver handed them over
+    print(os.environ.get("MELLAN_TASK_HISTORY", ""))
 elif word == "fail":
     print("it broke", file=sys.stderr)
     sys.exit(4)
@@ -233,11 +235,15 @@ def write_config(
     adapters: tuple[str, ...] = ("command",),
     extra: str = "",
     wait: float = 5,
+    credential: Path | None = None,
 ) -> Path:
+    """The receiver's TOML: the token from $RECEIVER_TOKEN, or ``credential``, the file
+    'mellan join' wrote (its key pair beside it: what a sealed task needs)."""
+    who = f'credential = "{credential}"' if credential else 'token_env = "RECEIVER_TOKEN"'
     path.write_text(
         f"""
 relay = "{net.relay.url}"
-token_env = "RECEIVER_TOKEN"
+{who}
 concurrency = {concurrency}
 lease_seconds = {lease_seconds}
 wait = {wait}

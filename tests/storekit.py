@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from melchior.mellan.relay.store import open_store
@@ -209,3 +210,19 @@ def backdate_in(db_url: str, task_id: str, days: float) -> None:
         with psycopg.connect(db_url) as c:
             sql = "UPDATE task SET finished_at = finished_at - make_interval(days => %s)"
             assert c.execute(sql + " WHERE id = %s", (days, task_id)).rowcount == 1
+
+
+def database_text(db_url: str) -> bytes:
+    """Everything the database holds, as bytes: the SQLite files, or every PostgreSQL row."""
+    if db_url.startswith("sqlite"):
+        path = Path(db_url.removeprefix("sqlite://"))
+        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    out = []
+    with psycopg.connect(db_url) as c:
+        tables = [r[0] for r in c.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        )]  # fmt: skip
+        for t in tables:
+            for row in c.execute(f'SELECT * FROM "{t}"'):
+                out.append(repr(row).encode())
+    return b"\n".join(out)

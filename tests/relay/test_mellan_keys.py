@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import Store
-from melchior.mellan.sealing import KeyPair
+from melchior.mellan.sealing import SEALED_URI, KeyPair
 from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
 
 __all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
@@ -49,6 +50,23 @@ def test_join_registers_a_key_pinned_by_callers_and_a_swap_is_caught(
     assert mine.fingerprint in first
     # an agent with no grant either way is answered as for an unknown agent
     assert "not-found" in stranger("key", "show", "private/ops", "--as", "local/stranger", code=1)
+
+    # the cards declare the sealed extension; only a granted caller's names the fingerprint
+    def sealed_ext(card: dict[str, Any]) -> dict[str, Any]:
+        (found,) = [e for e in card["capabilities"]["extensions"] if e["uri"] == SEALED_URI]
+        return found
+
+    base = f"{relay.url}/a2a/{store.workspaces()[0]}/private/ops"
+    public = httpx.get(f"{base}/.well-known/agent-card.json", timeout=30).json()
+    assert "fingerprint" not in sealed_ext(public)["params"]
+    for who, machine, shown in (("local/codex", "codex-machine", True),
+                                ("local/stranger", "stranger-machine", False)):  # fmt: skip
+        stored = tmp_path / machine / "config" / "mellan" / "agents" / f"{who}.json"
+        bearer = {"A2A-Version": "1.0",
+                  "Authorization": f"Bearer {json.loads(stored.read_text())['token']}"}  # fmt: skip
+        card = httpx.get(f"{base}/extendedAgentCard", headers=bearer, timeout=30).json()
+        params = sealed_ext(card)["params"]
+        assert params.get("fingerprint") == (mine.fingerprint if shown else None), who
 
     # the relay swaps the key (here: its database does): the caller's pin refuses it
     swapped = KeyPair.generate().public

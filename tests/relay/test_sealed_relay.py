@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import Store
 from melchior.mellan.sealing import (
     Binding,
+    KeyPair,
     PublicKey,
     envelope_of,
     open_envelope,
@@ -25,6 +25,7 @@ from melchior.mellan.sealing import (
     sealed_message,
 )
 from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
+from storekit import database_text
 
 __all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
 
@@ -38,22 +39,6 @@ def _send(relay: RelayProc, ws: str, token: str, message: dict[str, Any]) -> htt
         headers={"A2A-Version": "1.0", "Authorization": f"Bearer {token}"},
         timeout=30,
     )
-
-
-def _database_text(db_url: str) -> bytes:
-    """Everything the database holds, as bytes: the SQLite files, or every PostgreSQL row."""
-    if db_url.startswith("sqlite"):
-        path = Path(db_url.removeprefix("sqlite://"))
-        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
-    out = []
-    with psycopg.connect(db_url) as c:
-        tables = [r[0] for r in c.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-        )]  # fmt: skip
-        for t in tables:
-            for row in c.execute(f'SELECT * FROM "{t}"'):
-                out.append(repr(row).encode())
-    return b"\n".join(out)
 
 
 def test_a_sealed_grant_refuses_clear_sends_and_the_relay_holds_only_ciphertext(
@@ -93,7 +78,7 @@ def test_a_sealed_grant_refuses_clear_sends_and_the_relay_holds_only_ciphertext(
     accepted = _send(relay, ws, token, sealed_message(envelope, message_id="m-sealed"))
     assert accepted.status_code == 200, accepted.text
     assert secret not in accepted.text
-    assert secret.encode() not in _database_text(db_url)
+    assert secret.encode() not in database_text(db_url)
 
     # what the relay stored opens with the receiver's key, for exactly this task's fields
     (task,) = [t for t in store.list_tasks(ws) if t.caller == "local/codex"]
@@ -105,3 +90,46 @@ def test_a_sealed_grant_refuses_clear_sends_and_the_relay_holds_only_ciphertext(
         sender=me.public,
     )
     assert opened.parts[0]["text"] == secret
+
+
+def test_mellan_send_seal_pins_the_key_seals_the_message_and_refuses_a_swapped_key(
+    relay: RelayProc, owner: Cli, store: Store, db_url: str, tmp_path: Path
+) -> None:
+    owner("agent", "add", "private/ops", "--capability", CAP)
+    owner("agent", "add", "local/codex")
+    owner("grant", "add", "local/codex", "private/ops", CAP, "--sealed")
+    clis = {}
+    for agent in ("private/ops", "local/codex"):
+        clis[agent] = Cli(tmp_path / agent.replace("/", "-"))
+        clis[agent]("join", owner.json("enroll", agent)["code"], "--relay", relay.url)
+    codex = clis["local/codex"]
+    ops_dir = tmp_path / "private-ops" / "config" / "mellan" / "agents"
+    ops_key = load_keypair(ops_dir, "private/ops").public
+    secret = "mailbox-" + secrets.token_hex(12)
+    send = ("send", "private/ops", secret, "--capability", CAP, "--as", "local/codex")
+
+    # first use pins the key; the task is accepted and says it is sealed, to which key
+    out = codex(*send, "--seal")
+    assert f"sealed to {ops_key.fingerprint}" in out
+    shown = json.loads(codex(*send, "--seal", "--json"))
+    assert shown["task"]["metadata"]["https://melchior.dev/ext/sealed/v1"]["to"] == (
+        ops_key.fingerprint
+    )
+    assert secret.encode() not in database_text(db_url)
+    # without --capability nothing is sealed to a capability the relay would choose
+    no_cap = codex("send", "private/ops", secret, "--seal", "--as", "local/codex", code=1)
+    assert "names its capability" in no_cap
+    # the same default from the environment: $MELLAN_SEAL=1
+    codex.env["MELLAN_SEAL"] = "1"
+    assert "sealed to" in codex(*send)
+    del codex.env["MELLAN_SEAL"]
+
+    # the relay swaps the receiver's key: the caller's pin refuses, and nothing is sent
+    before = len(store.list_tasks(store.workspaces()[0]))
+    swapped = KeyPair.generate().public
+    store.set_agent_key(store.workspaces()[0], "private/ops", swapped.text(), swapped.fingerprint)
+    err = codex(*send, "--seal", code=1)
+    assert "not sealed, so not sent" in err
+    assert ops_key.fingerprint in err
+    assert swapped.fingerprint in err
+    assert len(store.list_tasks(store.workspaces()[0])) == before

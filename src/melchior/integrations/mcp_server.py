@@ -198,6 +198,7 @@ class McpBridge:
                 context=args.get("context"),
                 received=bridge.received_chain(),
                 progress=progress,
+                seal=bool(args.get("seal", False)),
             )
         except Usage as exc:
             return refused(str(exc), code="bad-args")

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from melchior.envelope import Message, Receipt, refused_receipt
 from melchior.integrations.tools import ToolSpec
 from melchior.mellan.client.caller import AsyncRelayClient
-from melchior.mellan.client.errors import BAD_ANSWER, BAD_ARGS, RelayError
+from melchior.mellan.client.errors import BAD_ANSWER, BAD_ARGS, SEALED, RelayError
 from melchior.mellan.client.views import TaskView, describe, receipt_of
 from melchior.mellan.credentials import CredentialError, agent_credential
 from melchior.mellan.rawjson import encode
@@ -73,6 +73,12 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "mode": {"type": "string", "enum": list(MODES)},
                 "task": {"type": "string", "description": "answer this task that asked back"},
                 "context": {"type": "string", "description": "continue this conversation"},
+                "seal": {
+                    "type": "boolean",
+                    "description": "encrypt the message to the agent's pinned key so the relay "
+                    "cannot read it (needs capability; not with mode 'stream'); the answer "
+                    "comes back sealed to you and is opened here",
+                },
             },
             "required": ["agent", "message"],
             "additionalProperties": False,
@@ -117,6 +123,7 @@ def refused_by(exc: RelayError) -> RelayRefused:
         rule, code = {
             BAD_ANSWER: ("relay-answer", "bad-answer"),
             BAD_ARGS: ("bad-agent", "bad-args"),
+            SEALED: ("sealed", "refused"),
         }.get(exc.code, ("relay-unreachable", "unreachable"))
         return RelayRefused(refuse(rule, str(exc)), code)
     rule = {401: "credential", 403: "grant", 404: "unknown-task"}.get(
@@ -220,10 +227,15 @@ class RelayCaller:
         context: str | None = None,
         received: Chain | None = None,
         progress: Progress | None = None,
+        seal: bool = False,
     ) -> tuple[Receipt, dict[str, Any]]:
-        """Send one task; the receipt and what the relay answered (task, or stream events)."""
+        """Send one task; the receipt and what the relay answered (task, or stream events).
+        ``seal``: sealed to the agent's pinned key, its answer opened (docs/security.md)."""
         if mode not in MODES:
             raise RelayRefused(refuse("bad-mode", f"mode is one of {', '.join(MODES)}"), "bad-args")
+        if seal and mode == "stream":
+            why = "a sealed send does not stream yet (its events would carry the result unopened)"
+            raise RelayRefused(refuse("seal-stream", why + "; use mode 'wait'"), "bad-args")
         metadata: dict[str, Any] | None = None
         if received is not None:
             me = str((await self.me()).get("subject", "")) or "-"
@@ -242,7 +254,9 @@ class RelayCaller:
                 if progress is not None:
                     await progress(event.describe())
 
-            found = await self.client.send(agent, text, wait=mode == "wait", on_event=shown, **ask)
+            found = await self.client.send(
+                agent, text, wait=mode == "wait", on_event=shown, seal=seal, **ask
+            )
         except RelayError as exc:
             raise refused_by(exc) from None
         return found.receipt, {"task": plain(found.raw)}

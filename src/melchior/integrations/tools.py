@@ -112,6 +112,9 @@ def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any] | None) -> dict
                 raise Usage(f"'{name}' must be a whole number, got {json.dumps(value)[:40]}")
             if value < props[name].get("minimum", value):
                 raise Usage(f"'{name}' must be at least {props[name]['minimum']}")
+        elif want == "boolean":
+            if not isinstance(value, bool):
+                raise Usage(f"'{name}' must be true or false, got {json.dumps(value)[:40]}")
         elif want == "string":
             if not isinstance(value, str):
                 raise Usage(f"'{name}' must be text, got {type(value).__name__}")

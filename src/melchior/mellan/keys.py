@@ -66,7 +66,11 @@ def ensure_keypair(agents_dir: Path, agent: str) -> tuple[KeyPair, bool]:
 
 def load_keypair(agents_dir: Path, agent: str) -> KeyPair:
     """The agent's key pair; refused if missing, not private, or not a key file."""
-    path = key_file(agents_dir, agent)
+    return read_keypair(key_file(agents_dir, agent), agent)
+
+
+def read_keypair(path: Path, agent: str) -> KeyPair:
+    """The key pair in ``path`` (``agent``'s, for the refusals' words), by the same rules."""
     try:
         info = path.stat()
         if stat.S_IMODE(info.st_mode) & 0o077:

@@ -33,6 +33,7 @@ is :mod:`melchior.mellan.credentials`' rule (:meth:`RelayClient.from_credentials
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -47,14 +48,26 @@ from melchior.mellan import credentials, transport
 from melchior.mellan.client.errors import (
     BAD_ANSWER,
     BAD_ARGS,
+    SEALED,
     UNREACHABLE,
     UNTRUSTED,
     RelayError,
     refusal,
     stream_refusal,
 )
-from melchior.mellan.client.views import ENDS, Identity, TaskEvent, TaskPage, TaskView
+from melchior.mellan.client.views import (
+    COMPLETED,
+    ENDS,
+    INPUT_REQUIRED,
+    Identity,
+    TaskEvent,
+    TaskPage,
+    TaskView,
+)
+from melchior.mellan.keys import KeyProblem
 from melchior.mellan.rawjson import JSONTextError, check_request, decode, encode
+from melchior.mellan.sealed_tasks import KeyRing, SealedSend, open_result, seal_request
+from melchior.mellan.sealing import SEALED_URI, KeyPair, PublicKey, SealRefused
 from melchior.mellan.transport import ClientTls
 from melchior.sse import SSEDecoder, SSEError, SSEEvent
 
@@ -121,8 +134,14 @@ class _Calls:
         timeout: float = TIMEOUT,
         stream_idle: float = STREAM_IDLE,
         max_answer: int = MAX_ANSWER,
+        keys: KeyRing | None = None,
     ) -> None:
         self.relay = relay.rstrip("/")
+        self.keys = keys
+        """This machine's keys for sealed sends (default: the CLI's configuration
+        directory, where 'mellan join' put the agent's key pair and pins live)."""
+        self._mine: dict[str, KeyPair] = {}
+        self._checked: dict[str, PublicKey] = {}
         self.token = token
         self.tls = tls
         self.timeout = timeout
@@ -247,6 +266,80 @@ class _Calls:
             body["metadata"] = {"capability": capability}
         return body
 
+    def _key_url(self, agent: str) -> str | None:
+        """Where ``agent``'s key is read, or ``None`` when this client already checked it
+        against the pin: a client seals to the key it checked first for its whole life
+        (a key the relay changes meanwhile is caught by the next client's check)."""
+        return None if agent in self._checked else f"{self.relay}/api/keys/{quote(agent, safe='/')}"
+
+    def _seal(
+        self, body: dict[str, Any], *, workspace: str, caller: str, agent: str, offered: Any
+    ) -> SealedSend:
+        """Seal ``body``'s message in place to ``agent``'s key (``offered``: what the relay
+        answered for it, checked against this machine's pin; ``None``: the key this client
+        checked before) and say how to open the result. Refused before anything is sent
+        when a key is missing or changed."""
+        metadata = body.get("metadata")
+        capability = metadata.get("capability") if isinstance(metadata, dict) else None
+        if not isinstance(capability, str) or not capability:
+            raise RelayError(
+                "a sealed send names its capability (--capability CAP): the seal is bound "
+                "to it, so the relay cannot choose one", code=BAD_ARGS, said=False,
+            )  # fmt: skip
+        if self.keys is None:
+            self.keys = KeyRing(credentials.config_dir())
+        try:
+            me = self._mine[caller] if caller in self._mine else self.keys.mine(caller)
+            to = self._checked[agent] if offered is None else self.keys.pinned(agent, offered)
+        except (KeyProblem, ValueError) as exc:
+            raise RelayError(f"not sealed, so not sent: {exc}", code=SEALED, said=False) from None
+        self._mine[caller], self._checked[agent] = me, to
+        body["message"], binding = seal_request(
+            body["message"], workspace=workspace, caller=caller, receiver=agent,
+            capability=capability, to=to, sender=me,
+        )  # fmt: skip
+        return SealedSend(binding, me, to)
+
+    @staticmethod
+    def _marked(view: TaskView, sealed: SealedSend, *, whole: bool) -> TaskView:
+        """``view`` saying it was sealed (its metadata names the extension and the
+        fingerprints), carrying the keys that open its result."""
+        raw = dict(view.raw)
+        raw["metadata"] = {**dict(raw.get("metadata") or {}), SEALED_URI: sealed.shown()}
+        text = encode({"task": raw} if whole else raw)
+        return dataclasses.replace(TaskView.of(raw, text), seal=sealed)
+
+    @classmethod
+    def _opened(cls, view: TaskView, sealed: SealedSend) -> TaskView:
+        """The task with its sealed result opened (completed or asking back); any other
+        state carries no result. A result that does not open — or that came back in
+        clear — is refused, not shown: the relay could have written it."""
+        if view.state not in (COMPLETED, INPUT_REQUIRED):
+            return cls._marked(view, sealed, whole=False)
+        raw = dict(view.raw)
+        status = dict(raw.get("status") or {})
+        message = status.get("message")
+        try:
+            if not isinstance(message, dict):
+                raise SealRefused("malformed", "the task was sealed and its result has no message")
+            parts, artifacts = open_result(
+                message,
+                binding=sealed.result(view.id, view.context_id or None),
+                me=sealed.me,
+                sender=sealed.receiver_key,
+            )
+        except SealRefused as exc:
+            raise RelayError(
+                f"the result of task {view.id} is not trusted: {exc}", code=SEALED, said=False
+            ) from None
+        kept = {k: v for k, v in message.items() if k not in ("parts", "extensions")}
+        status["message"] = {**kept, "parts": parts}
+        raw["status"] = status
+        raw["artifacts"] = artifacts
+        meta = {**sealed.shown(), "opened": True}
+        raw["metadata"] = {**dict(raw.get("metadata") or {}), SEALED_URI: meta}
+        return dataclasses.replace(TaskView.of(raw, encode(raw)), seal=sealed)
+
     @staticmethod
     def _sent(answer: Any, text: str) -> TaskView:
         if not isinstance(answer, dict) or "task" not in answer:
@@ -368,15 +461,31 @@ class RelayClient(_Calls):
         metadata: Mapping[str, Any] | None = None,
         wait: bool = False,
         on_event: OnEvent | None = None,
+        seal: bool = False,
     ) -> TaskView:
         """Send a task: accepted at once (the agent may be offline; it waits queued), or
-        with ``wait`` followed to its end (``on_event`` sees each event on the way)."""
+        with ``wait`` followed to its end (``on_event`` sees each event on the way).
+
+        ``seal``: the message's parts are sealed to ``agent``'s key (fetched from the relay
+        and checked against this machine's pin: first use pins, a changed key refuses the
+        send naming both fingerprints), bound to the routing fields; ``wait`` then opens
+        the result, which the receiver sealed to this agent's key."""
         body = self.message_body(
             text, capability=capability, task=task, context=context, metadata=metadata
         )
         body["configuration"] = {"returnImmediately": True}
+        sealed = None
+        if seal:
+            url = self._key_url(agent)
+            offered = self._call("GET", url)[0] if url else None
+            sealed = self._seal(
+                body, workspace=self.workspace(), caller=self.whoami().subject, agent=agent,
+                offered=offered,
+            )  # fmt: skip
         answer, raw = self._call("POST", self.base(agent) + "/message:send", body)
         accepted = self._sent(answer, raw)
+        if sealed is not None:
+            accepted = self._marked(accepted, sealed, whole=True)
         return self.wait(agent, accepted, on_event=on_event) if wait else accepted
 
     def wait(
@@ -395,7 +504,8 @@ class RelayClient(_Calls):
             except RelayError:  # it ended before the subscription began?
                 if not self.get(agent, view.id).done:
                     raise
-        return self.get(agent, view.id)
+        final = self.get(agent, view.id)
+        return final if view.seal is None else self._opened(final, view.seal)
 
     def stream(
         self,
@@ -538,13 +648,22 @@ class AsyncRelayClient(_Calls):
         metadata: Mapping[str, Any] | None = None,
         wait: bool = False,
         on_event: AsyncOnEvent | None = None,
+        seal: bool = False,
     ) -> TaskView:
         body = self.message_body(
             text, capability=capability, task=task, context=context, metadata=metadata
         )
         body["configuration"] = {"returnImmediately": True}
+        sealed = None
+        if seal:
+            url = self._key_url(agent)
+            offered = (await self._call("GET", url))[0] if url else None
+            workspace, me = await self.workspace(), (await self.whoami()).subject
+            sealed = self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
         answer, raw = await self._call("POST", await self.base(agent) + "/message:send", body)
         accepted = self._sent(answer, raw)
+        if sealed is not None:
+            accepted = self._marked(accepted, sealed, whole=True)
         return await self.wait(agent, accepted, on_event=on_event) if wait else accepted
 
     async def wait(
@@ -561,7 +680,8 @@ class AsyncRelayClient(_Calls):
             except RelayError:
                 if not (await self.get(agent, view.id)).done:
                     raise
-        return await self.get(agent, view.id)
+        final = await self.get(agent, view.id)
+        return final if view.seal is None else self._opened(final, view.seal)
 
     async def stream(
         self,

@@ -36,6 +36,10 @@ BAD_ANSWER = "bad-answer"
 BAD_ARGS = "bad-args"
 """``code`` of a call refused before anything was sent (a bad agent id, a bad mode)."""
 
+SEALED = "sealed"
+"""``code`` of a sealed send not made (no key, a changed key) or a sealed result that
+does not open: this client's refusal, nothing the relay said."""
+
 SHOWN_TEXT = 200
 """Characters of a non-JSON error answer quoted in the message."""
 

@@ -356,6 +356,20 @@ class AsyncReceiverClient:
             return data
         raise refused(response, data)
 
+    async def agent_key(self, agent: str) -> Any:
+        """``GET /api/keys/AGENT``: the public key the relay holds for ``agent`` (a caller
+        of ours, as either side of a grant may read it), to be checked against the pin."""
+        try:
+            response = await self._http.get(f"/api/keys/{quote(agent, safe='/')}")
+        except httpx.HTTPError as exc:
+            raise ReceiverError(
+                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
+            ) from exc
+        data = _decoded(response)
+        if response.status_code == 200 and isinstance(data, dict):
+            return data
+        raise refused(response, data)
+
     async def claim(
         self,
         *,

@@ -21,6 +21,8 @@ from typing import Any
 
 from melchior.envelope import ANSWERED, DELIVERED, QUEUED, Receipt, receipt
 from melchior.mellan.client.errors import BAD_ANSWER, RelayError
+from melchior.mellan.sealed_tasks import SealedSend
+from melchior.mellan.sealing import MEDIA_TYPE
 
 COMPLETED = "TASK_STATE_COMPLETED"
 INPUT_REQUIRED = "TASK_STATE_INPUT_REQUIRED"
@@ -48,6 +50,8 @@ def text_of(message: Any) -> str:
             continue
         if "text" in part:
             out.append(str(part["text"]))
+        elif part.get("mediaType") == MEDIA_TYPE:  # ciphertext says nothing to a person
+            out.append("<sealed>")
         elif "data" in part:
             out.append(json.dumps(part["data"], ensure_ascii=False, default=str))
         elif "url" in part:
@@ -85,6 +89,9 @@ class TaskView:
     """The exact JSON text of the answer it was read from (``SendMessage``'s whole
     ``{"task": …}``, ``GetTask``'s and ``CancelTask``'s task), for a caller that prints
     what the relay said; empty for a task inside a list or an event."""
+    seal: SealedSend | None = field(default=None, repr=False, compare=False)
+    """A sealed send's keys and binding (``send(..., seal=True)``): ``wait`` opens the
+    result with them; ``None`` for a task sent in clear."""
 
     @classmethod
     def of(cls, data: Any, text: str = "") -> TaskView:

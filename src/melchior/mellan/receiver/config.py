@@ -108,6 +108,13 @@ class ReceiverConfig:
     cert: tuple[str, str] | None = None
     stored_tls: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
+    key_file: Path | None = None
+    """The agent's key pair for sealed tasks: beside its credential file ('mellan join'
+    put it there); ``None`` when the token comes from the environment (no file, so no
+    key: sealed tasks are refused, naming why)."""
+    pins_dir: Path | None = None
+    """Where the callers' keys are pinned (the CLI's configuration directory, so the
+    receiver and 'mellan key trust' agree)."""
     notices: tuple[str, ...] = ()
     """What the receiver says at start-up about its wall: a prefix in ``allow.urls`` that
     covers nothing, ``allow.bypass`` on, guard rails this machine's own options turn off."""
@@ -357,6 +364,15 @@ def _wake(table: Any, env: Mapping[str, str]) -> Wake | None:
     return Wake(host.strip("[]"), int(port_text), secret)
 
 
+def _credential_path(data: Mapping[str, Any], env: Mapping[str, str]) -> Path | None:
+    """The credential file the configuration names (``credential`` or ``agent``), if any."""
+    from melchior.mellan.credentials import agent_file
+
+    path_text = _text(data, "credential", "")
+    agent = _text(data, "agent", "")
+    return _expand(path_text, env) if path_text else agent_file(agent, env) if agent else None
+
+
 def _credential(
     data: Mapping[str, Any], env: Mapping[str, str]
 ) -> tuple[str, str | None, str, dict[str, str]]:
@@ -396,6 +412,11 @@ def _credential(
             f"token in ${var}"
         )
     return token, None, "receiver", {}
+
+
+def _key_file(data: Mapping[str, Any], env: Mapping[str, str]) -> Path | None:
+    path = _credential_path(data, env)
+    return path.with_suffix(".key") if path is not None else None
 
 
 def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) -> ReceiverConfig:
@@ -458,6 +479,8 @@ def parse(data: Mapping[str, Any], env: Mapping[str, str], source: Path | None) 
         cert=(str(_expand(cert, env)), str(_expand(key, env))) if cert and key else None,
         stored_tls=stored_tls,
         source=source,
+        key_file=_key_file(data, env),
+        pins_dir=xdg("config", env) / "mellan",
         notices=_notices(allow, adapters, profiles),
     )
 

@@ -37,6 +37,7 @@ from melchior.mellan.ids import AGENT_ID
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.reporter import Reporter, Revoked, backoff, revoked_reason
 from melchior.mellan.receiver.runner import Shared, TaskRun, malformed
+from melchior.mellan.receiver.sealed import Unsealer
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import Report, Spool
 from melchior.mellan.receiver.status import Board
@@ -87,6 +88,7 @@ class Receiver:
             sessions=self.sessions,
             agent=config.name,
             revoked=self.revoked,
+            unsealer=Unsealer(config, self.client),
         )
 
     def say(self, line: str) -> None:

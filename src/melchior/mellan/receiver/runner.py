@@ -51,10 +51,12 @@ from melchior.mellan.receiver import prompt
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.progress import Outbox
 from melchior.mellan.receiver.reporter import revoked_reason
+from melchior.mellan.receiver.sealed import NotOpened, SealedTurn, Unsealer, earlier_turns
 from melchior.mellan.receiver.sessions import Sessions
 from melchior.mellan.receiver.spool import REUSABLE, Report, Spool
 from melchior.mellan.receiver.status import Board, Running, short
 from melchior.mellan.receiver.wall import Judged, judge
+from melchior.mellan.sealing import is_sealed
 from melchior.policy.allowlist import no_route
 from melchior.policy.decision import Decision, refuse
 from melchior.runtimes import (
@@ -103,6 +105,8 @@ class Shared:
     agent: str
     session_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     revoked: Callable[[str], None] = lambda reason: None
+    unsealer: Unsealer | None = None
+    """Opens sealed tasks (:mod:`.sealed`); ``None``: a sealed task is refused."""
     spooled: int = 0
     """Results spooled so far (counted for the test hook only)."""
 
@@ -170,6 +174,7 @@ class TaskRun:
         self.capability = lease.capability
         self._quiet_until = 0.0
         self._outbox: Outbox | None = None
+        self.sealed: SealedTurn | None = None
 
     def say(self, line: str) -> None:
         self.s.say(f"task {self.tid}: {line}")
@@ -192,6 +197,16 @@ class TaskRun:
         judged = judge(route, self.capability, self.s.config)
         if not judged.decision or judged.cwd is None:
             return await self._refuse(judged.decision)
+        try:  # a sealed task opens here or is never run
+            self.sealed = await self._open()
+        except NotOpened as exc:
+            if not exc.retryable:
+                return await self._refuse(exc.decision)
+            self.say(f"not opened ({exc.decision.rule}): {exc.decision.reason}; handing it back")
+            body = {"epoch": self.epoch, "retryable": True, "error": exc.decision.reason}
+            return await self._spool(
+                Report(self.tid, self.turn, self.epoch, "fail", body, time.time())
+            )
         adapter = route.adapter
         session = route.session or None
         key = f"route:{session}" if session else None
@@ -218,6 +233,13 @@ class TaskRun:
         finally:
             lock.release()
 
+    async def _open(self) -> SealedTurn | None:
+        if self.s.unsealer is not None:
+            return await self.s.unsealer.open(self.task, self.lease.payload, self.turn)
+        if isinstance(self.lease.payload, dict) and is_sealed(self.lease.payload):
+            raise NotOpened(refuse("sealed-key", "this receiver opens no sealed tasks"))
+        return None
+
     async def _refuse(self, decision: Decision) -> Report:
         self.say(f"refused ({decision.rule}): {decision.reason}")
         return await self._spool(refusal(self.tid, self.turn, self.epoch, decision))
@@ -242,8 +264,15 @@ class TaskRun:
                        time.time())
             )  # fmt: skip
         session = bound or self.s.sessions.get(self.tid)
+        payload, history = self.lease.payload, self.lease.history
+        if self.sealed is not None:
+            payload = self.sealed.message
+            try:
+                history = earlier_turns(self.sealed, self.task, history)
+            except NotOpened as exc:
+                return await self._refuse(exc.decision)
         message, text, env = prompt.build(
-            adapter, self.task, self.lease.payload, self.lease.history, fresh=session is None
+            adapter, self.task, payload, history, fresh=session is None
         )
         turn = Turn(
             prompt=text,
@@ -281,7 +310,10 @@ class TaskRun:
             await asyncio.to_thread(self.s.sessions.put, self.tid, outcome.session)
         elif outcome.state != INPUT_REQUIRED and not bound and self.s.sessions.get(self.tid):
             await asyncio.to_thread(self.s.sessions.forget, self.tid)
-        return await self._spool(report_of(outcome, self.tid, self.turn, self.epoch))
+        report = report_of(outcome, self.tid, self.turn, self.epoch)
+        if self.sealed is not None:
+            report = self.sealed.report(report, self.task)
+        return await self._spool(report)
 
     async def _still_ours(self) -> bool:
         """May the turn start under this lease? Not past the lease (counted from when the
@@ -331,6 +363,8 @@ class TaskRun:
         self.s.board.progress(self.tid, line)
         if p.kind != "usage":
             self.say(f"{p.kind}: {short(line, 160)}")
+        if self.sealed is not None:  # a sealed turn's progress is content: it stays here
+            return
         if p.kind == "status":
             kind, body = "status", {"message": agent_message(p.text)}
             if p.data:

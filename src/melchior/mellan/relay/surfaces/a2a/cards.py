@@ -6,6 +6,11 @@ workspace. The extended card needs a credential and lists as skills exactly the
 capabilities that caller holds a live grant for on that agent (declared ∩ granted);
 a workspace owner sees every declared capability. Both carry ``ETag`` and
 ``Cache-Control`` so clients revalidate cheaply.
+
+Both declare the sealed-task extension (:data:`SEALED`): what a sealed message looks like
+is no secret. The extended card adds, to a caller it lists skills for (and the owner), the
+fingerprint of the agent's registered key — a hint to compare, not a key to trust: a
+caller seals to the key its own machine pinned (``mellan/keys.py``).
 """
 
 from __future__ import annotations
@@ -18,10 +23,23 @@ from melchior import __version__
 from melchior.mellan.relay.store.base import Agent, Capability, Store
 from melchior.mellan.relay.surfaces.a2a import hops, jsontext, paths
 from melchior.mellan.relay.surfaces.a2a.access import Caller
+from melchior.mellan.sealing import MEDIA_TYPE, SEALED_URI, SUITE
 
 PUBLIC_MAX_AGE = 300
 EXTENDED_MAX_AGE = 60
 INPUT_MODES = ["text/plain", "application/json"]
+
+SEALED_PARAMS = {"mediaType": MEDIA_TYPE, "suite": SUITE}
+SEALED: dict[str, Any] = {
+    "uri": SEALED_URI,
+    "description": (
+        "Sealed tasks: the message's parts are encrypted to the receiving agent's key "
+        f"(one data part of {MEDIA_TYPE}, suite {SUITE}), the routing fields bound; the "
+        "result comes back sealed to the caller. The relay routes ciphertext it cannot read."
+    ),
+    "required": False,
+    "params": SEALED_PARAMS,
+}
 
 
 def _base_card(
@@ -51,7 +69,7 @@ def _base_card(
             "streaming": True,
             "pushNotifications": True,
             "extendedAgentCard": True,
-            "extensions": [hops.EXTENSION],
+            "extensions": [hops.EXTENSION, SEALED],
         },
         "securitySchemes": {
             "bearer": {
@@ -96,6 +114,8 @@ class Visible(NamedTuple):
     """When what this caller's extended card shows last changed: the agent's creation,
     or the latest grant made or revoked on this route (not before the replica started,
     whose version the card names)."""
+    fingerprint: str | None = None
+    """The agent's registered key's fingerprint, for a caller the card lists skills for."""
 
 
 def visible_capabilities(store: Store, caller: Caller) -> Visible:
@@ -106,8 +126,12 @@ def visible_capabilities(store: Store, caller: Caller) -> Visible:
     if agent is None:
         return Visible(None, [], STARTED)
     changed = [STARTED, _dt(agent.created_at)]
+    key = store.agent_key(agent.workspace, agent.id)
+    fingerprint = key.fingerprint if key is not None else None
+    if key is not None:
+        changed.append(_dt(key.registered_at))
     if caller.is_owner:
-        return Visible(agent, list(agent.capabilities), max(changed))
+        return Visible(agent, list(agent.capabilities), max(changed), fingerprint)
     if caller.principal.subject == agent.id:
         return Visible(agent, [], max(changed))
     grants = store.list_grants(
@@ -118,7 +142,8 @@ def visible_capabilities(store: Store, caller: Caller) -> Visible:
         changed += [_dt(g.created_at), *([_dt(g.revoked_at)] if g.revoked_at else [])]
         if g.revoked_at is None:
             granted.update(g.capabilities)
-    return Visible(agent, [c for c in agent.capabilities if c.id in granted], max(changed))
+    shown = [c for c in agent.capabilities if c.id in granted]
+    return Visible(agent, shown, max(changed), fingerprint if shown else None)
 
 
 def _dt(iso: str) -> datetime:
@@ -132,8 +157,12 @@ def extended_card(
     agent: Agent | None,
     caps: list[Capability],
     grpc: str | None = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     card = _base_card(public_url, caller.target.workspace, caller.target.agent, grpc)
+    if fingerprint is not None:
+        sealed = {**SEALED, "params": {**SEALED_PARAMS, "fingerprint": fingerprint}}
+        card["capabilities"]["extensions"] = [hops.EXTENSION, sealed]
     if agent is not None and (caps or caller.is_owner):
         card["description"] = agent.description or card["description"]
     card["skills"] = [skill(c) for c in caps]

@@ -76,7 +76,9 @@ async def extended_card(relay: Relay, caller: Caller, params: Any, request: Requ
     seen = await relay.call(cards.visible_capabilities, relay.store, caller)
     request.state.last_modified = seen.last_modified  # for Last-Modified on HTTP+JSON
     grpc = relay.grpc.target if relay.grpc is not None else None
-    return cards.extended_card(relay.public_url, caller, seen.agent, seen.capabilities, grpc)
+    return cards.extended_card(
+        relay.public_url, caller, seen.agent, seen.capabilities, grpc, seen.fingerprint
+    )
 
 
 async def create_push_config(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
