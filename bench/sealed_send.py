@@ -64,7 +64,7 @@ def seed(url: str, owner: str, config: Path) -> str:
                 json={"public_key": pair.public.text()},
                 headers={"authorization": f"Bearer {tokens[agent]}"},
             ).raise_for_status()
-    return tokens[CALLER]
+    return str(tokens[CALLER])
 
 
 async def sends_per_second(url: str, token: str, config: Path, sealed: bool) -> float:
