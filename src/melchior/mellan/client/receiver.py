@@ -345,22 +345,17 @@ class AsyncReceiverClient:
     async def whoami(self) -> dict[str, Any]:
         """Who this credential is (``kind``, ``subject``, ``workspace``); a revoked or
         unknown credential raises :class:`ReceiverError` with status 401."""
-        try:
-            response = await self._http.get("/api/whoami")
-        except httpx.HTTPError as exc:
-            raise ReceiverError(
-                0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
-            ) from exc
-        data = _decoded(response)
-        if response.status_code == 200 and isinstance(data, dict):
-            return data
-        raise refused(response, data)
+        return await self._get_object("/api/whoami")
 
     async def agent_key(self, agent: str) -> Any:
         """``GET /api/keys/AGENT``: the public key the relay holds for ``agent`` (a caller
         of ours, as either side of a grant may read it), to be checked against the pin."""
+        return await self._get_object(f"/api/keys/{quote(agent, safe='/')}")
+
+    async def _get_object(self, path: str) -> dict[str, Any]:
+        """GET ``path``: its JSON object, or the relay's refusal (or "unreachable") raised."""
         try:
-            response = await self._http.get(f"/api/keys/{quote(agent, safe='/')}")
+            response = await self._http.get(path)
         except httpx.HTTPError as exc:
             raise ReceiverError(
                 0, "unreachable", f"cannot reach {self.relay_url}: {exc or type(exc).__name__}"
