@@ -212,6 +212,19 @@ def backdate_in(db_url: str, task_id: str, days: float) -> None:
             assert c.execute(sql + " WHERE id = %s", (days, task_id)).rowcount == 1
 
 
+def rewrite_payload_in(db_url: str, task_id: str, payload: str) -> None:
+    """Replace a task's stored payload, as a relay that tampers with its own database
+    would (the hostile-relay tests' reach into the schema)."""
+    sql = "UPDATE task SET payload = {p} WHERE id = {p}"
+    if db_url.startswith("sqlite://"):
+        with contextlib.closing(sqlite3.connect(db_url.removeprefix("sqlite://"))) as c:
+            assert c.execute(sql.format(p="?"), (payload, task_id)).rowcount == 1
+            c.commit()
+    else:
+        with psycopg.connect(db_url) as c:
+            assert c.execute(sql.format(p="%s"), (payload, task_id)).rowcount == 1
+
+
 def database_text(db_url: str) -> bytes:
     """Everything the database holds, as bytes: the SQLite files, or every PostgreSQL row."""
     if db_url.startswith("sqlite"):

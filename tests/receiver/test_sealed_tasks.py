@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 from mcp_kit import base_env, start
 from melchior.mellan.client.caller import AsyncRelayClient, RelayClient
+from melchior.mellan.client.errors import RelayError
 from melchior.mellan.client.views import COMPLETED, INPUT_REQUIRED, TaskView
 from melchior.mellan.keys import load_keypair
 from melchior.mellan.relay.store.base import NewTask, Store
@@ -39,7 +41,7 @@ from receiver_kit import (
     write_config,
 )
 from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
-from storekit import database_text
+from storekit import database_text, rewrite_payload_in
 
 __all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
 
@@ -53,6 +55,16 @@ class Sealed:
     receiver: ReceiverProc
     codex_keys: KeyPair
     ops_key: PublicKey
+    env: dict[str, str]
+
+    def restart(self) -> None:
+        """The receiver stopped and started again (it reads its keys afresh)."""
+        self.receiver.stop()
+        self.receiver = spawn_receiver(self.receiver.config, self.env)
+
+    def keys(self) -> KeyRing:
+        """The caller's machine's keys and pins, as its CLI keeps them."""
+        return KeyRing(self.codex.home / "config" / "mellan")
 
     def forged(self, store: Store, message: dict[str, Any], capability: str = CAPABILITY) -> str:
         """A task the relay made up itself: ``message`` stored as if local/codex sent it
@@ -114,13 +126,15 @@ def sealed(relay: RelayProc, owner: Cli, tmp_path: Path) -> Iterator[Sealed]:
         tmp_path / "receiver" / "receiver.toml", net, work,
         credential=agents[RECEIVER] / f"{RECEIVER}.json",
     )  # fmt: skip
-    receiver = spawn_receiver(config, {**ops.env, "COUNT_FILE": str(count)})
+    env = {**ops.env, "COUNT_FILE": str(count)}
+    state = Sealed(
+        net, codex, ops, count, spawn_receiver(config, env),
+        load_keypair(agents[CALLER], CALLER), load_keypair(agents[RECEIVER], RECEIVER).public, env,
+    )  # fmt: skip
     try:
-        ops_key = load_keypair(agents[RECEIVER], RECEIVER).public
-        yield Sealed(net, codex, ops, count, receiver,
-                     load_keypair(agents[CALLER], CALLER), ops_key)  # fmt: skip
+        yield state
     finally:
-        receiver.stop()
+        state.receiver.stop()
 
 
 def test_a_sealed_task_runs_end_to_end_and_the_relay_holds_no_plaintext(
@@ -262,9 +276,136 @@ def test_the_mcp_bridge_sends_sealed_and_reads_the_opened_answer(
             clear = await me.error("relay_send", **ask)
             assert clear["rule"] == "grant"
             assert "requires sealed sends" in clear["reason"]
-            streamed = await me.error("relay_send", **ask, mode="stream", seal=True)
-            assert streamed["code"] == "bad-args"
-            assert "does not stream" in streamed["reason"]
+            streamed = await me.one("relay_send", **ask, mode="stream", seal=True)
+            assert streamed["receipt"] == "answered", streamed
+            assert f"done: {secret.upper()}" in streamed["events"][-1]
+            assert f"done: {secret.upper()}" in json.dumps(streamed["task"]["status"]["message"])
 
     asyncio.run(scenario())
     assert secret.encode() not in database_text(db_url)
+
+
+def test_a_sealed_stream_tells_the_states_and_opens_the_answer_at_its_end(
+    sealed: Sealed, db_url: str
+) -> None:
+    """``mellan send --seal --stream``: the states as they happen, the answer opened (its
+    metadata says so), nothing readable at the relay; the async client streams the same."""
+    secret = "ledger " + secrets.token_hex(8)
+    send = ("send", RECEIVER, secret, "--capability", CAPABILITY, "--seal", "--stream")
+    lines = sealed.codex(*send, "--as", CALLER).splitlines()
+    assert lines[0].startswith("task "), lines
+    assert f"done: {secret.upper()} (turn 1)" in lines[-1], lines
+    events = [
+        json.loads(line) for line in sealed.codex(*send, "--json", "--as", CALLER).splitlines()
+    ]
+    final = events[-1]["statusUpdate"]
+    assert final["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert final["metadata"]["https://melchior.dev/ext/sealed/v1"]["opened"] is True
+    assert f"done: {secret.upper()}" in json.dumps(final["status"]["message"])
+    assert "extensions" not in final["status"]["message"]  # opened, not the envelope
+    first = events[0]["task"]["metadata"]["https://melchior.dev/ext/sealed/v1"]
+    assert first["to"] == sealed.ops_key.fingerprint
+
+    async def stream() -> list[str]:
+        async with AsyncRelayClient(
+            sealed.net.relay.url, sealed.net.caller_token, keys=sealed.keys()
+        ) as client:
+            return [e.state async for e in client.stream(
+                RECEIVER, secret, capability=CAPABILITY, seal=True)]  # fmt: skip
+
+    states = asyncio.run(stream())
+    assert states[-1] == COMPLETED
+    held = database_text(db_url)
+    assert secret.encode() not in held
+    assert secret.upper().encode() not in held
+
+
+def test_a_sealed_task_read_later_opens_with_the_callers_own_request(
+    sealed: Sealed, store: Store, db_url: str
+) -> None:
+    """A send that did not wait: the result read later, by another client (another
+    process), opens — the caller's own sealed request, proved by its signature, says how;
+    a relay that rewrites that request's bound fields gets a refusal, not an answer."""
+    secret = "mailbox " + secrets.token_hex(8)
+    accepted = json.loads(
+        sealed.codex(
+            "send", RECEIVER, secret, "--capability", CAPABILITY, "--seal", "--json", "--as", CALLER
+        )
+    )
+    task_id = accepted["task"]["id"]
+    sealed.net.settled(task_id)
+    with RelayClient(sealed.net.relay.url, sealed.net.caller_token, keys=sealed.keys()) as client:
+        later = client.wait(RECEIVER, task_id)
+    assert later.state == COMPLETED
+    assert f"done: {secret.upper()} (turn 1)" in later.answer
+    assert later.raw["metadata"]["https://melchior.dev/ext/sealed/v1"]["opened"] is True
+    # a machine without the caller's keys reads nothing, and says why
+    elsewhere = KeyRing(sealed.net.home / "elsewhere")
+    with (
+        RelayClient(sealed.net.relay.url, sealed.net.caller_token, keys=elsewhere) as client,
+        pytest.raises(RelayError, match="sealed and cannot be opened here"),
+    ):
+        client.get(RECEIVER, task_id)
+    # the relay rewrites the stored request's bound capability: the signature is the caller's
+    (row,) = [t for t in store.list_tasks("default") if t.id == task_id]
+    payload = json.loads(row.payload)
+    message = payload.get("message", payload)
+    envelope = envelope_of(message)
+    assert envelope is not None
+    envelope["bound"]["capability"] = "deploy"
+    rewrite_payload_in(db_url, task_id, json.dumps(payload))
+    with (
+        RelayClient(sealed.net.relay.url, sealed.net.caller_token, keys=sealed.keys()) as client,
+        pytest.raises(RelayError, match="signature"),
+    ):
+        client.get(RECEIVER, task_id)
+
+
+def test_a_key_rotated_with_a_task_in_flight_opens_it_and_callers_must_trust_the_new_one(
+    sealed: Sealed, store: Store
+) -> None:
+    """``mellan agent rotate-key``: a task sealed to the old key and still queued opens
+    with the retired key and its result comes back; the caller's pin refuses the new key
+    (nothing sent) until its operator trusts the new fingerprint; after that new sends are
+    sealed to it, and the earlier result still opens."""
+    sealed.receiver.stop()
+    before = "before " + secrets.token_hex(8)
+    queued = json.loads(
+        sealed.codex(
+            "send", RECEIVER, before, "--capability", CAPABILITY, "--seal", "--json", "--as", CALLER
+        )
+    )
+    queued_id = queued["task"]["id"]
+
+    out = sealed.ops("agent", "rotate-key", RECEIVER)
+    old = sealed.ops_key.fingerprint
+    agents = sealed.ops.home / "config" / "mellan" / "agents"
+    new = load_keypair(agents, RECEIVER).public.fingerprint
+    assert new != old
+    assert f"key {new} registered; {old} retired" in out
+    assert f"mellan key trust {RECEIVER} {new}" in out
+    retired = agents / "private" / "ops.retired"
+    assert stat.S_IMODE(retired.stat().st_mode) == 0o600
+    assert not (agents / "private" / "ops.key.new").exists()
+    with sealed.net.relay.client(sealed.net.caller_token) as http:
+        assert http.get(f"/api/keys/{RECEIVER}").json()["fingerprint"] == new
+
+    # the queued task, sealed to the retired key, opens and completes
+    sealed.restart()
+    assert sealed.net.settled(queued_id)["state"] == "succeeded"
+    with RelayClient(sealed.net.relay.url, sealed.net.caller_token, keys=sealed.keys()) as client:
+        assert f"done: {before.upper()}" in client.get(RECEIVER, queued_id).answer
+
+    # the caller's pin refuses the new key: nothing is sent
+    after = "after " + secrets.token_hex(8)
+    send = ("send", RECEIVER, after, "--capability", CAPABILITY, "--seal", "--wait", "--as", CALLER)
+    refused = sealed.codex(*send, code=1)
+    assert f"pinned {old}, offered {new}" in refused
+    assert f"mellan key trust {RECEIVER} {new}" in refused
+    assert all(after not in (t.payload or "") for t in store.list_tasks("default"))
+
+    # trusted (after checking with the owner): sealed to the new key, and it completes
+    assert "trusted" in sealed.codex("key", "trust", RECEIVER, new)
+    assert f"done: {after.upper()}" in sealed.codex(*send)
+    with RelayClient(sealed.net.relay.url, sealed.net.caller_token, keys=sealed.keys()) as client:
+        assert f"done: {before.upper()}" in client.get(RECEIVER, queued_id).answer

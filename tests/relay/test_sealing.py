@@ -275,3 +275,45 @@ def test_the_field_length_is_bounded() -> None:
             to=RECEIVER.public,
             sender=CALLER,
         )
+
+
+@settings(max_examples=60)
+@given(parts=parts_strategy, binding=bindings, field=st.sampled_from(FIELDS), data=st.data())
+def test_a_sender_reads_back_exactly_what_it_bound_and_nothing_rewritten(
+    parts, binding, field, data
+) -> None:
+    """``signed_binding``: the sender's own envelope, read back through JSON, states the
+    binding it was sealed for; any field of its carried copy rewritten (as a relay could)
+    no longer verifies, whatever the new value."""
+    env = json.loads(json.dumps(seal(parts, binding=binding, to=RECEIVER.public, sender=CALLER)))
+    assert sealing.signed_binding(env, to=RECEIVER.public, sender=CALLER.public) == binding
+    old = env["bound"][field]
+    if field == "direction":
+        new: Any = "result" if old == "request" else "request"
+    elif field == "hops":
+        new = data.draw(hops_strategy.filter(lambda h: h != old))
+    elif field in ("context", "task"):
+        new = data.draw((st.none() | ids).filter(lambda v: v != old))
+    else:
+        new = data.draw(ids.filter(lambda v: v != old))
+    env["bound"][field] = new
+    with pytest.raises(SealRefused) as caught:
+        sealing.signed_binding(env, to=RECEIVER.public, sender=CALLER.public)
+    assert caught.value.rule == "signature"
+
+
+@given(junk=st.dictionaries(ids, json_values, max_size=10) | json_values)
+def test_a_bound_copy_that_is_not_a_binding_is_refused(junk) -> None:
+    env = seal([{"text": "x"}], binding=_binding(), to=RECEIVER.public, sender=CALLER)
+    env["bound"] = junk
+    with pytest.raises(SealRefused) as caught:
+        sealing.signed_binding(env, to=RECEIVER.public, sender=CALLER.public)
+    assert caught.value.rule in ("malformed", "signature")
+
+
+def test_reading_back_with_other_keys_names_them() -> None:
+    env = seal([{"text": "x"}], binding=_binding(), to=RECEIVER.public, sender=CALLER)
+    with pytest.raises(SealRefused) as caught:
+        sealing.signed_binding(env, to=OTHER.public, sender=CALLER.public)
+    assert caught.value.rule == "sender"
+    assert OTHER.public.fingerprint in caught.value.reason

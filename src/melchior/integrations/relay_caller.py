@@ -233,9 +233,6 @@ class RelayCaller:
         ``seal``: sealed to the agent's pinned key, its answer opened (docs/security.md)."""
         if mode not in MODES:
             raise RelayRefused(refuse("bad-mode", f"mode is one of {', '.join(MODES)}"), "bad-args")
-        if seal and mode == "stream":
-            why = "a sealed send does not stream yet (its events would carry the result unopened)"
-            raise RelayRefused(refuse("seal-stream", why + "; use mode 'wait'"), "bad-args")
         metadata: dict[str, Any] | None = None
         if received is not None:
             me = str((await self.me()).get("subject", "")) or "-"
@@ -248,7 +245,7 @@ class RelayCaller:
                                "metadata": metadata}  # fmt: skip
         try:
             if mode == "stream":
-                return await self._stream(agent, text, ask, progress)
+                return await self._stream(agent, text, {**ask, "seal": seal}, progress)
 
             async def shown(event: Any) -> None:
                 if progress is not None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from melchior.files import atomic_write
-from melchior.mellan.keys import Pins, load_keypair
+from melchior.mellan.keys import Pins, keypair_for, keypairs, load_keypair
 from melchior.mellan.sealing import (
     Binding,
     KeyPair,
@@ -45,6 +45,7 @@ from melchior.mellan.sealing import (
     open_envelope,
     seal,
     sealed_message,
+    signed_binding,
 )
 from melchior.policy.hops import HOPS_URI
 
@@ -64,6 +65,10 @@ class KeyRing:
         """``agent``'s key pair on this machine (:class:`~melchior.mellan.keys.KeyProblem`
         when it has none or it is not private)."""
         return load_keypair(self.config_dir / "agents", agent)
+
+    def all_mine(self, agent: str) -> list[KeyPair]:
+        """``agent``'s current pair, then those it rotated out and still keeps."""
+        return keypairs(self.config_dir / "agents", agent)
 
     def pinned(self, agent: str, offered: object) -> PublicKey:
         """The key to use for ``agent``, given what the relay answered for it: pinned on
@@ -222,6 +227,59 @@ def open_result(
     if not isinstance(found, list) or not all(isinstance(a, dict) for a in found):
         raise SealRefused("content", "the sealed artifacts are not a list of objects")
     return [dict(p) for p in opened.parts], [dict(a) for a in found]
+
+
+def sealed_request_of(task: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The caller's sealed message that ``task``'s current answer responds to (an A2A
+    ``Task`` as ``GetTask`` gives it, history included): the one the sealed answer names,
+    else the latest; ``None`` when the task holds no sealed request."""
+    history = task.get("history")
+    asked = []
+    for message in history if isinstance(history, list) else []:
+        if isinstance(message, Mapping) and message.get("role") == "ROLE_USER":
+            try:
+                if envelope_of(message) is not None:
+                    asked.append(message)
+            except SealRefused:
+                continue
+    if not asked:
+        return None
+    status = task.get("status")
+    answer = status.get("message") if isinstance(status, Mapping) else None
+    try:
+        envelope = envelope_of(answer) if isinstance(answer, Mapping) else None
+    except SealRefused:
+        envelope = None
+    bound = envelope.get("bound") if envelope else None
+    named = bound.get("message") if isinstance(bound, Mapping) else None
+    return next((m for m in reversed(asked) if m.get("messageId") == named), asked[-1])
+
+
+def read_back(
+    request: Mapping[str, Any], *, caller: str, receiver: str, keys: KeyRing
+) -> SealedSend:
+    """What opening a sealed task's result needs, for a caller that did not keep its send
+    (reading the task later, from another process): its own request as the relay holds
+    it, proved its own by its signature (with whichever of its key pairs sealed it, a
+    retired one included), sealed to a key of ``receiver`` this machine pinned (now, or
+    before a rotation it accepted). :class:`SealRefused` or
+    :class:`~melchior.mellan.keys.KeyProblem` when it is not that."""
+    envelope = envelope_of(request)
+    if envelope is None:
+        raise SealRefused("malformed", "the request is not sealed")
+    me = keypair_for(keys.all_mine(caller), envelope.get("from"))
+    to = keys.pins.known(receiver, envelope.get("to"))
+    if to is None:
+        raise SealRefused(
+            "key", f"the request was sealed to key {envelope.get('to')!r}, which this machine "
+            f"never pinned for {receiver}",
+        )  # fmt: skip
+    binding = signed_binding(envelope, to=to, sender=me.public)
+    if (binding.direction, binding.caller, binding.receiver) != ("request", caller, receiver):
+        raise SealRefused(
+            "binding", f"the request was sealed from {binding.caller} to {binding.receiver}"
+        )
+    return SealedSend(binding, me, to)
 
 
 KEEP_SECONDS = 30 * 24 * 3600.0

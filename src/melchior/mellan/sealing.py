@@ -218,6 +218,22 @@ class Binding:
             "hops": dict(self.hops) if self.hops is not None else None,
         }
 
+    @classmethod
+    def of(cls, bound: object) -> Binding:
+        """The binding an envelope's ``bound`` copy states (:class:`SealRefused` when it is
+        not one): what its signer bound, once the signature verifies."""
+        names = ("workspace", "caller", "receiver", "capability", "message")
+        if (
+            not isinstance(bound, dict)
+            or set(bound) != {"direction", *names, "context", "task", "hops"}
+            or bound["direction"] not in ("request", "result")
+            or not all(isinstance(bound[n], str) for n in names)
+            or not all(bound[n] is None or isinstance(bound[n], str) for n in ("context", "task"))
+            or not (bound["hops"] is None or isinstance(bound["hops"], dict))
+        ):
+            raise SealRefused("malformed", "the envelope's bound fields are not a binding")
+        return cls(**bound)
+
     def encoded(self) -> bytes:
         for name, value in self.as_dict().items():
             if isinstance(value, str) and len(value) > MAX_FIELD:
@@ -298,6 +314,53 @@ def _differences(carried: object, expected: dict[str, Any]) -> str | None:
     return None
 
 
+def _shape(envelope: object) -> dict[str, Any]:
+    """``envelope`` if it has the envelope's fields and suite; else :class:`SealRefused`."""
+    if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_KEYS:
+        raise SealRefused(
+            "malformed", f"an envelope has exactly the fields {sorted(_ENVELOPE_KEYS)}"
+        )
+    if envelope["v"] != VERSION or envelope["suite"] != SUITE:
+        raise SealRefused(
+            "suite", f"version {envelope['v']!r}, suite {envelope['suite']!r}: only {SUITE} v1"
+        )
+    return envelope
+
+
+def _verified(envelope: dict[str, Any], to: PublicKey, sender: PublicKey, ad: bytes) -> bytes:
+    """The ciphertext of ``envelope`` once ``sender``'s signature over it, the suite, both
+    keys and the associated data ``ad`` verifies; else :class:`SealRefused`."""
+    sealed = _unb64(envelope["sealed"], "sealed", MAX_SEALED)
+    sig = _unb64(envelope["sig"], "sig", 64)
+    try:
+        Ed25519PublicKey.from_public_bytes(sender.sign).verify(sig, _signed(to, sender, ad, sealed))
+    except InvalidSignature:
+        raise SealRefused(
+            "signature", "the sender's signature does not verify: the ciphertext was altered"
+        ) from None
+    return sealed
+
+
+def signed_binding(envelope: object, *, to: PublicKey, sender: PublicKey) -> Binding:
+    """The binding ``envelope`` carries, once ``sender``'s signature proves it sealed that
+    envelope to ``to`` for exactly those fields; else :class:`SealRefused`.
+
+    For a sender reading back its *own* envelope (a caller that did not keep its send's
+    binding: ``mellan`` reading a sealed task later). It cannot decrypt what it sealed to
+    another key, but its signature is over the fields it bound, so the copy the envelope
+    carries is its own words, whatever the relay did around it."""
+    envelope = _shape(envelope)
+    if envelope["to"] != to.fingerprint or envelope["from"] != sender.fingerprint:
+        raise SealRefused(
+            "sender",
+            f"sealed by key {envelope['from']!r} to {envelope['to']!r}, not by "
+            f"{sender.fingerprint} to {to.fingerprint}",
+        )
+    binding = Binding.of(envelope["bound"])
+    _verified(envelope, to, sender, binding.encoded())
+    return binding
+
+
 def open_envelope(
     envelope: object,
     *,
@@ -308,14 +371,7 @@ def open_envelope(
     """The parts ``envelope`` seals, if it was sealed to ``me`` by ``sender`` for exactly
     ``binding``; else :class:`SealRefused` saying which check failed. The checks run
     cheapest first and nothing is decrypted before the signature verifies."""
-    if not isinstance(envelope, dict) or set(envelope) != _ENVELOPE_KEYS:
-        raise SealRefused(
-            "malformed", f"an envelope has exactly the fields {sorted(_ENVELOPE_KEYS)}"
-        )
-    if envelope["v"] != VERSION or envelope["suite"] != SUITE:
-        raise SealRefused(
-            "suite", f"version {envelope['v']!r}, suite {envelope['suite']!r}: only {SUITE} v1"
-        )
+    envelope = _shape(envelope)
     mine = me.public
     if envelope["to"] != mine.fingerprint:
         raise SealRefused(
@@ -331,16 +387,7 @@ def open_envelope(
     differs = _differences(envelope["bound"], binding.as_dict())
     if differs:
         raise SealRefused("binding", differs)
-    sealed = _unb64(envelope["sealed"], "sealed", MAX_SEALED)
-    sig = _unb64(envelope["sig"], "sig", 64)
-    try:
-        Ed25519PublicKey.from_public_bytes(sender.sign).verify(
-            sig, _signed(mine, sender, ad, sealed)
-        )
-    except InvalidSignature:
-        raise SealRefused(
-            "signature", "the sender's signature does not verify: the ciphertext was altered"
-        ) from None
+    sealed = _verified(envelope, mine, sender, ad)
     try:
         plaintext = _SUITE.decrypt(sealed, me.box, info=_info(ad))
     except (InvalidTag, ValueError):

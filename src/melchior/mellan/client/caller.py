@@ -66,7 +66,14 @@ from melchior.mellan.client.views import (
 )
 from melchior.mellan.keys import KeyProblem
 from melchior.mellan.rawjson import JSONTextError, check_request, decode, encode
-from melchior.mellan.sealed_tasks import KeyRing, SealedSend, open_result, seal_request
+from melchior.mellan.sealed_tasks import (
+    KeyRing,
+    SealedSend,
+    open_result,
+    read_back,
+    seal_request,
+    sealed_request_of,
+)
 from melchior.mellan.sealing import SEALED_URI, KeyPair, PublicKey, SealRefused
 from melchior.mellan.transport import ClientTls
 from melchior.sse import SSEDecoder, SSEError, SSEEvent
@@ -286,11 +293,10 @@ class _Calls:
                 "a sealed send names its capability (--capability CAP): the seal is bound "
                 "to it, so the relay cannot choose one", code=BAD_ARGS, said=False,
             )  # fmt: skip
-        if self.keys is None:
-            self.keys = KeyRing(credentials.config_dir())
+        keys = self._keyring()
         try:
-            me = self._mine[caller] if caller in self._mine else self.keys.mine(caller)
-            to = self._checked[agent] if offered is None else self.keys.pinned(agent, offered)
+            me = self._mine[caller] if caller in self._mine else keys.mine(caller)
+            to = self._checked[agent] if offered is None else keys.pinned(agent, offered)
         except (KeyProblem, ValueError) as exc:
             raise RelayError(f"not sealed, so not sent: {exc}", code=SEALED, said=False) from None
         self._mine[caller], self._checked[agent] = me, to
@@ -309,36 +315,96 @@ class _Calls:
         text = encode({"task": raw} if whole else raw)
         return dataclasses.replace(TaskView.of(raw, text), seal=sealed)
 
-    @classmethod
-    def _opened(cls, view: TaskView, sealed: SealedSend) -> TaskView:
-        """The task with its sealed result opened (completed or asking back); any other
-        state carries no result. A result that does not open — or that came back in
-        clear — is refused, not shown: the relay could have written it."""
-        if view.state not in (COMPLETED, INPUT_REQUIRED):
-            return cls._marked(view, sealed, whole=False)
-        raw = dict(view.raw)
-        status = dict(raw.get("status") or {})
-        message = status.get("message")
+    @staticmethod
+    def _open_answer(
+        message: object, sealed: SealedSend, task: str, context: str | None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The sealed answer ``message`` of ``task`` opened: (the message with its parts in
+        clear, the artifacts it carried). A result that does not open — or that came back
+        in clear — is refused, not shown: the relay could have written it."""
         try:
             if not isinstance(message, dict):
                 raise SealRefused("malformed", "the task was sealed and its result has no message")
             parts, artifacts = open_result(
-                message,
-                binding=sealed.result(view.id, view.context_id or None),
-                me=sealed.me,
+                message, binding=sealed.result(task, context or None), me=sealed.me,
                 sender=sealed.receiver_key,
-            )
+            )  # fmt: skip
         except SealRefused as exc:
             raise RelayError(
-                f"the result of task {view.id} is not trusted: {exc}", code=SEALED, said=False
+                f"the result of task {task} is not trusted: {exc}", code=SEALED, said=False
             ) from None
         kept = {k: v for k, v in message.items() if k not in ("parts", "extensions")}
-        status["message"] = {**kept, "parts": parts}
+        return {**kept, "parts": parts}, artifacts
+
+    @classmethod
+    def _opened(cls, view: TaskView, sealed: SealedSend) -> TaskView:
+        """The task with its sealed result opened (completed or asking back); any other
+        state carries no result."""
+        if view.state not in (COMPLETED, INPUT_REQUIRED):
+            return cls._marked(view, sealed, whole=False)
+        raw = dict(view.raw)
+        status = dict(raw.get("status") or {})
+        status["message"], raw["artifacts"] = cls._open_answer(
+            status.get("message"), sealed, view.id, view.context_id
+        )
         raw["status"] = status
-        raw["artifacts"] = artifacts
         meta = {**sealed.shown(), "opened": True}
         raw["metadata"] = {**dict(raw.get("metadata") or {}), SEALED_URI: meta}
         return dataclasses.replace(TaskView.of(raw, encode(raw)), seal=sealed)
+
+    @classmethod
+    def _sealed_events(
+        cls, event: TaskEvent, sealed: SealedSend, task: dict[str, str]
+    ) -> list[TaskEvent]:
+        """What a sealed stream tells for one event from the relay: the task marked
+        sealed (and remembered in ``task``: its id and context bind the result); state
+        changes as they are; the answer opened — its artifacts first, as artifact
+        updates, then the status. Anything else sealed in an event is not shown."""
+        if event.kind == "task":
+            view = cls._opened(TaskView.of(event.raw["task"]), sealed)
+            task.update(id=view.id, context=view.context_id or "")
+            return [TaskEvent.of({"task": view.raw}, encode({"task": view.raw}))]
+        if event.kind != "statusUpdate" or event.state not in (COMPLETED, INPUT_REQUIRED):
+            return [event]
+        update = dict(event.raw["statusUpdate"])
+        status = dict(update["status"])
+        tid = str(update.get("taskId") or task.get("id") or "")
+        context = str(update.get("contextId") or task.get("context") or "")
+        status["message"], artifacts = cls._open_answer(status.get("message"), sealed, tid, context)
+        out = []
+        for artifact in artifacts:
+            data = {"artifactUpdate": {"taskId": tid, "contextId": context, "artifact": artifact}}
+            out.append(TaskEvent.of(data, encode(data)))
+        update["status"] = status
+        update["metadata"] = {**dict(update.get("metadata") or {}),
+                              SEALED_URI: {**sealed.shown(), "opened": True}}  # fmt: skip
+        data = {"statusUpdate": update}
+        return [*out, TaskEvent.of(data, encode(data))]
+
+    def _keyring(self) -> KeyRing:
+        if self.keys is None:
+            self.keys = KeyRing(credentials.config_dir())
+        return self.keys
+
+    @staticmethod
+    def _answered_sealed(view: TaskView) -> bool:
+        """Whether ``view`` holds an answer to a sealed request (completed, or asking
+        back): what :meth:`_read_back` opens. Other states carry no sealed content."""
+        return view.state in (COMPLETED, INPUT_REQUIRED) and sealed_request_of(view.raw) is not None
+
+    def _read_back(self, view: TaskView, agent: str, caller: str) -> TaskView:
+        """A sealed task read later (not followed from its send), opened: its own request,
+        proved this agent's by its signature, says how (:func:`read_back`)."""
+        request = sealed_request_of(view.raw)
+        assert request is not None
+        try:
+            sealed = read_back(request, caller=caller, receiver=agent, keys=self._keyring())
+        except (SealRefused, KeyProblem) as exc:
+            raise RelayError(
+                f"task {view.id} is sealed and cannot be opened here: {exc}", code=SEALED,
+                said=False,
+            ) from None  # fmt: skip
+        return self._opened(view, sealed)
 
     @staticmethod
     def _sent(answer: Any, text: str) -> TaskView:
@@ -502,10 +568,9 @@ class RelayClient(_Calls):
                     if event.state in ENDS:
                         break
             except RelayError:  # it ended before the subscription began?
-                if not self.get(agent, view.id).done:
+                if not self._fetch(agent, view.id).done:
                     raise
-        final = self.get(agent, view.id)
-        return final if view.seal is None else self._opened(final, view.seal)
+        return self.get(agent, view.id, seal=view.seal)
 
     def stream(
         self,
@@ -516,20 +581,46 @@ class RelayClient(_Calls):
         task: str | None = None,
         context: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        seal: bool = False,
     ) -> Iterator[TaskEvent]:
         """Send a task and yield its events as they happen (``SendStreamingMessage``): the
-        task first, then status and artifact updates, the last one terminal."""
+        task first, then status and artifact updates, the last one terminal. ``seal``: as
+        for :meth:`send`; the states come as they happen and the answer opened at the end
+        (a sealed turn sends no progress)."""
         body = self.message_body(
             text, capability=capability, task=task, context=context, metadata=metadata
         )
-        return self._events(self.base(agent) + "/message:stream", body)
+        if not seal:
+            return self._events(self.base(agent) + "/message:stream", body)
+        url = self._key_url(agent)
+        offered = self._call("GET", url)[0] if url else None
+        sealed = self._seal(
+            body, workspace=self.workspace(), caller=self.whoami().subject, agent=agent,
+            offered=offered,
+        )  # fmt: skip
+        return self._sealed_stream(self.base(agent) + "/message:stream", body, sealed)
+
+    def _sealed_stream(self, url: str, body: Any, sealed: SealedSend) -> Iterator[TaskEvent]:
+        seen: dict[str, str] = {}
+        for event in self._events(url, body):
+            yield from self._sealed_events(event, sealed, seen)
 
     def subscribe(self, agent: str, task_id: str) -> Iterator[TaskEvent]:
         """Yield an existing task's events from now on (``SubscribeToTask``)."""
         return self._events(self.base(agent) + self._task_path(task_id, "subscribe"), {})
 
-    def get(self, agent: str, task_id: str) -> TaskView:
-        """``GetTask``: the task now, with its answer and artifacts."""
+    def get(self, agent: str, task_id: str, *, seal: SealedSend | None = None) -> TaskView:
+        """``GetTask``: the task now, with its answer and artifacts. A sealed task's answer
+        is opened (``seal``: what its send kept; else read back from the task's own sealed
+        request, with this machine's keys and pins), or refused when it does not open."""
+        view = self._fetch(agent, task_id)
+        if seal is not None:
+            return self._opened(view, seal)
+        if not self._answered_sealed(view):
+            return view
+        return self._read_back(view, agent, self.whoami().subject)
+
+    def _fetch(self, agent: str, task_id: str) -> TaskView:
         data, text = self._call("GET", self.base(agent) + self._task_path(task_id))
         return TaskView.of(data, text)
 
@@ -678,10 +769,9 @@ class AsyncRelayClient(_Calls):
                     if event.state in ENDS:
                         break
             except RelayError:
-                if not (await self.get(agent, view.id)).done:
+                if not (await self._fetch(agent, view.id)).done:
                     raise
-        final = await self.get(agent, view.id)
-        return final if view.seal is None else self._opened(final, view.seal)
+        return await self.get(agent, view.id, seal=view.seal)
 
     async def stream(
         self,
@@ -692,19 +782,36 @@ class AsyncRelayClient(_Calls):
         task: str | None = None,
         context: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        seal: bool = False,
     ) -> AsyncIterator[TaskEvent]:
         body = self.message_body(
             text, capability=capability, task=task, context=context, metadata=metadata
         )
+        sealed = None
+        if seal:
+            url = self._key_url(agent)
+            offered = (await self._call("GET", url))[0] if url else None
+            workspace, me = await self.workspace(), (await self.whoami()).subject
+            sealed = self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
+        seen: dict[str, str] = {}
         async for event in self._events(await self.base(agent) + "/message:stream", body):
-            yield event
+            for told in [event] if sealed is None else self._sealed_events(event, sealed, seen):
+                yield told
 
     async def subscribe(self, agent: str, task_id: str) -> AsyncIterator[TaskEvent]:
         url = await self.base(agent) + self._task_path(task_id, "subscribe")
         async for event in self._events(url, {}):
             yield event
 
-    async def get(self, agent: str, task_id: str) -> TaskView:
+    async def get(self, agent: str, task_id: str, *, seal: SealedSend | None = None) -> TaskView:
+        view = await self._fetch(agent, task_id)
+        if seal is not None:
+            return self._opened(view, seal)
+        if not self._answered_sealed(view):
+            return view
+        return self._read_back(view, agent, (await self.whoami()).subject)
+
+    async def _fetch(self, agent: str, task_id: str) -> TaskView:
         data, text = await self._call("GET", await self.base(agent) + self._task_path(task_id))
         return TaskView.of(data, text)
 

@@ -10,6 +10,12 @@ recently: within twice its long-poll wait and a margin) and when it was last see
 agent (docs/mellan.md, "Wake-ups").
 
 ``mellan agent limits '*' …`` changes the workspace defaults every agent starts from.
+
+``mellan agent rotate-key AGENT`` runs on the agent's own machine (it needs the agent's
+credential and key pair, as 'mellan join' stored them): a new key pair is made here and
+registered; the old pair is kept for 30 days to open what was sealed to it meanwhile.
+Callers that pinned the old key refuse the new one until their operator accepts its
+fingerprint (``mellan key trust AGENT FINGERPRINT``) — tell them, out of band.
 """
 
 from __future__ import annotations
@@ -208,6 +214,48 @@ def _limits(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _rotate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="AGENT", help="the agent whose key pair is on this machine")
+
+
+def _rotate(ns: argparse.Namespace) -> int:
+    """A new key pair for the agent, its public half registered with the agent's own
+    credential; the old pair retired (kept to open tasks and results sealed to it)."""
+    from melchior.mellan import credentials
+    from melchior.mellan.keys import RETIRED_KEEP_SECONDS, KeyProblem, begin_rotation
+
+    t = target(argparse.Namespace(as_agent=ns.id, relay=ns.relay, ca_file=ns.ca_file))
+    try:
+        rotation = begin_rotation(credentials.config_dir() / "agents", ns.id)
+    except KeyProblem as exc:
+        raise CliError(str(exc)) from None
+    try:
+        call(t, "PUT", f"/api/keys/{ns.id}", {"public_key": rotation.new.public.text()})
+    except CliError as exc:
+        raise CliError(
+            f"the relay did not take the new key ({exc}); the agent keeps its key "
+            f"{rotation.old.public.fingerprint}; run the command again to retry",
+            exc.status,
+        ) from None
+    try:
+        rotation.commit()
+    except OSError as exc:  # the relay holds the new key: the pending pair must survive
+        raise CliError(
+            f"the relay holds the new key but it could not be made the agent's here ({exc}); "
+            f"its private half is in {rotation.pending}: run the command again to finish"
+        ) from None
+    old, new = rotation.old.public.fingerprint, rotation.new.public.fingerprint
+    days = int(RETIRED_KEEP_SECONDS // 86400)
+    if ns.json:
+        print_json({"agent": ns.id, "fingerprint": new, "retired": old, "retired_days": days})
+    else:
+        print(f"{ns.id}: key {new} registered; {old} retired (kept {days} days to open what "
+              "was sealed to it)")  # fmt: skip
+        print(f"callers that pinned {old} refuse the new key until they run:")
+        print(f"  mellan key trust {ns.id} {new}")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     subcommands(
         parser,
@@ -222,6 +270,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 _wake,
             ),
             "limits": ("show or change an agent's send limits (owner)", _limits_args, _limits),
+            "rotate-key": (
+                "replace this machine's key pair for sealed tasks (the agent itself)",
+                _rotate_args,
+                _rotate,
+            ),
         },
     )
 

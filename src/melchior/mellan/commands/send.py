@@ -172,15 +172,10 @@ def run(ns: argparse.Namespace) -> int:
 
 def _send(ns: argparse.Namespace, client: RelayClient, text: str, watch: Watch) -> int:
     ask = {"capability": ns.capability, "task": ns.task, "context": ns.context}
-    if ns.stream and ns.seal:
-        raise CliError(
-            "--seal does not stream yet: a stream's events would carry the sealed result "
-            "unopened; use --seal --wait", EXIT_USAGE,
-        )  # fmt: skip
     if ns.stream:
         state = ""
         try:
-            for event in client.stream(ns.receiver, text, **ask):
+            for event in client.stream(ns.receiver, text, seal=ns.seal, **ask):
                 print(event.text if ns.json else event.describe(), flush=True)
                 state = event.state or state
                 if state == SUBMITTED:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from melchior.mellan.client.receiver import AsyncReceiverClient, ReceiverError
-from melchior.mellan.keys import KeyProblem, Pins, read_keypair
+from melchior.mellan.keys import KeyProblem, Pins, keypair_for, read_keypairs
 from melchior.mellan.receiver.config import ReceiverConfig
 from melchior.mellan.receiver.spool import Report
 from melchior.mellan.sealed_tasks import (
@@ -103,8 +103,15 @@ class SealedTurn:
 
 
 class Unsealer:
-    """Opens the sealed tasks of one receiver (its key read once, the callers' keys
-    checked against the pins on every task: a change is caught at the next one)."""
+    """Opens the sealed tasks of one receiver.
+
+    Its own keys are read from disk once, and again when a task names a key it has not
+    read (the agent rotated while the receiver ran); a task sealed to a retired key opens
+    with that key, and its result is sealed with it, so a task in flight across a rotation
+    completes. The caller's key is the one this machine pinned: a task signed by it opens
+    without asking the relay; one signed by another key makes the receiver read the key
+    the relay holds now and check it against the pin (first use pins; a change is refused
+    unless the operator trusted its fingerprint)."""
 
     def __init__(self, config: ReceiverConfig, client: AsyncReceiverClient) -> None:
         self.config = config
@@ -112,41 +119,59 @@ class Unsealer:
         state = config.state_dir
         self.opened = Opened(state / "sealed-opened.json")
         self.pins = Pins(config.pins_dir) if config.pins_dir else None
-        self._me: KeyPair | None = None
+        self._pairs: list[KeyPair] = []
 
-    def _mine(self) -> KeyPair:
-        if self._me is None:
+    async def _mine(self, fingerprint: object) -> KeyPair:
+        """This agent's pair the envelope was sealed to (the current one when none is)."""
+        if not any(p.public.fingerprint == fingerprint for p in self._pairs):
             if self.config.key_file is None:
                 raise KeyProblem(
                     "this receiver has no key pair: its configuration takes the token from "
                     "the environment; name the agent (agent = ID, or credential = FILE) so "
                     "the key 'mellan join' made beside the credential is found"
                 )
-            self._me = read_keypair(self.config.key_file, self.config.name)
-        return self._me
+            self._pairs = await asyncio.to_thread(
+                read_keypairs, self.config.key_file, self.config.name
+            )
+        return keypair_for(self._pairs, fingerprint)
 
-    async def open(self, task: Mapping[str, Any], payload: Any, turn: int) -> SealedTurn | None:
-        """The opened turn of a sealed task; ``None`` for a task in clear; else
-        :class:`NotOpened` naming the rule."""
-        message = payload if isinstance(payload, Mapping) else {}
+    async def _caller_key(self, caller: str, signer: object) -> PublicKey:
+        """The key to check ``caller``'s signature with: the pinned one when it signed,
+        else the relay's as the pin allows (:class:`NotOpened` when it does not)."""
+        if self.pins is None:
+            raise NotOpened(refuse("sealed-key", "no directory to pin callers' keys in"))
         try:
-            if envelope_of(message) is None:
-                return None
-        except SealRefused as exc:
-            raise NotOpened(refuse(f"sealed-{exc.rule}", exc.reason)) from None
-        caller = str(task.get("caller") or "")
+            pin = await asyncio.to_thread(self.pins.get, caller)
+        except KeyProblem as exc:
+            raise NotOpened(refuse("sealed-key", str(exc))) from None
+        if pin is not None and pin.key is not None and pin.key.fingerprint == signer:
+            return pin.key
         try:
             offered = await self.client.agent_key(caller)
         except ReceiverError as exc:
             why = f"cannot read {caller}'s key from the relay to open the sealed task: {exc}"
             raise NotOpened(refuse("sealed-key", why), retryable=exc.status in (0, 503)) from None
         try:
-            me = self._mine()
             key = PublicKey.parse(offered.get("public_key"))
-            if self.pins is None:
-                raise KeyProblem("no directory to pin callers' keys in")
-            caller_key = await asyncio.to_thread(self.pins.check, caller, key)
+            return await asyncio.to_thread(self.pins.check, caller, key)
         except (KeyProblem, ValueError) as exc:
+            raise NotOpened(refuse("sealed-key", str(exc))) from None
+
+    async def open(self, task: Mapping[str, Any], payload: Any, turn: int) -> SealedTurn | None:
+        """The opened turn of a sealed task; ``None`` for a task in clear; else
+        :class:`NotOpened` naming the rule."""
+        message = payload if isinstance(payload, Mapping) else {}
+        try:
+            envelope = envelope_of(message)
+        except SealRefused as exc:
+            raise NotOpened(refuse(f"sealed-{exc.rule}", exc.reason)) from None
+        if envelope is None:
+            return None
+        caller = str(task.get("caller") or "")
+        caller_key = await self._caller_key(caller, envelope.get("from"))
+        try:
+            me = await self._mine(envelope.get("to"))
+        except KeyProblem as exc:
             raise NotOpened(refuse("sealed-key", str(exc))) from None
         tid = str(task.get("id") or "")
         try:
