@@ -9,10 +9,15 @@ their ratio. A sealed send pays, on the caller's side, the key read (``GET
 /api/keys/AGENT``) and the pin check, the seal (HPKE + Ed25519) and a bigger body
 (base64 ciphertext); the relay stores more bytes and skips nothing else.
 
-Then the envelope alone, in process: seal and open of 1 MiB of parts, per MiB.
+Then **end to end** through a real ``mellan receiver run`` (the route's program ``cat``,
+so the answer is as big as the message): ``E2E_TASKS`` blocking sends (``send(...,
+wait=True)``: accepted, followed, read and — sealed — opened) from ``E2E_CALLERS``
+callers, alternately in clear and sealed, ``ROUNDS`` rounds each; printed: the caller's
+latency p50/p99 and tasks/s, medians over the rounds, and the sealed/clear ratios. The
+sealed path adds the receiver's open (its pin check, the signature, HPKE) and its seal of
+the answer, and the caller's open.
 
-End-to-end latency sealed vs clear (through a receiver, which also opens and seals
-back) is not measured here yet: ``bench/end_to_end.py`` is where it belongs.
+Then the envelope alone, in process: seal and open of 1 MiB of parts, per MiB.
 
     .venv/bin/python bench/sealed_send.py
 """
@@ -20,8 +25,11 @@ back) is not measured here yet: ``bench/end_to_end.py`` is where it belongs.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,14 +50,16 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 SIZE = int(os.environ.get("BENCH_SIZE", "1024"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ENGINES = os.environ.get("BENCH_ENGINES", "sqlite,postgres").split(",")
+E2E_TASKS = int(os.environ.get("BENCH_E2E_TASKS", "150"))
+E2E_CALLERS = int(os.environ.get("BENCH_E2E_CALLERS", "1"))
 CALLER, RECEIVER, CAP = "bench/caller", "bench/receiver", "bench.run"
 
 
-def seed(url: str, owner: str, config: Path) -> str:
-    """Two agents, a grant, each joined with its key registered; the caller's token.
+def seed(url: str, owner: str, config: Path) -> dict[str, str]:
+    """Two agents, a grant, each joined with its key registered; their tokens.
     The keys are kept under ``config`` the way 'mellan join' keeps them."""
     agents = config / "agents"
-    tokens = {}
+    tokens: dict[str, str] = {}
     with httpx.Client(base_url=url, headers={"authorization": f"Bearer {owner}"}) as http:
         http.post("/api/agents", json={"id": RECEIVER, "capabilities": [CAP]}).raise_for_status()
         http.post("/api/agents", json={"id": CALLER, "capabilities": []}).raise_for_status()
@@ -64,7 +74,7 @@ def seed(url: str, owner: str, config: Path) -> str:
                 json={"public_key": pair.public.text()},
                 headers={"authorization": f"Bearer {tokens[agent]}"},
             ).raise_for_status()
-    return str(tokens[CALLER])
+    return tokens
 
 
 async def sends_per_second(url: str, token: str, config: Path, sealed: bool) -> float:
@@ -84,6 +94,74 @@ async def sends_per_second(url: str, token: str, config: Path, sealed: bool) -> 
     return SENDS / (time.perf_counter() - start)
 
 
+def receiver_for(
+    url: str, owner: str, token: str, home: Path, config_dir: Path
+) -> subprocess.Popen[bytes]:
+    """The receiver agent's route (``cat``, approved) and ``mellan receiver run`` with the
+    receiver's credential and key as 'mellan join' keeps them (``config_dir``: the
+    ``mellan`` directory under ``$XDG_CONFIG_HOME``, where its pins are kept too)."""
+    work = home / "work"
+    work.mkdir()
+    agents = config_dir / "agents"
+    credential = agents / f"{RECEIVER}.json"
+    credential.write_text(json.dumps({"relay": url, "workspace": "default", "agent": RECEIVER,
+                                      "token": token}))  # fmt: skip
+    credential.chmod(0o600)
+    route = {
+        "capability": CAP,
+        "adapter": "command",
+        "cwd": str(work),
+        "options": {"argv": ["cat"]},
+    }
+    with httpx.Client(base_url=url, timeout=30) as http:
+        made = http.post("/api/routes", json=route, headers={"authorization": f"Bearer {token}"})
+        made.raise_for_status()
+        http.post(
+            f"/api/routes/{made.json()['id']}/approve", headers={"authorization": f"Bearer {owner}"}
+        ).raise_for_status()
+    config = home / "receiver.toml"
+    config.write_text(
+        f'credential = "{credential}"\nconcurrency = {max(4, E2E_CALLERS)}\n'
+        f'state_dir = "{home / "receiver-state"}"\n'
+        f'[allow]\nadapters = ["command"]\ncwd = ["{work}"]\nprograms = ["cat"]\n'
+    )
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config_dir.parent)}
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "mellan"), "receiver", "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+    )  # fmt: skip
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def end_to_end(
+    url: str, token: str, config: Path, sealed: bool, n: int
+) -> tuple[float, float, float]:
+    """``n`` blocking sends answered by the receiver: (tasks/s, p50 ms, p99 ms)."""
+    text = "x" * SIZE
+    todo: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        todo.put_nowait(i)
+    took: list[float] = []
+
+    async def caller() -> None:
+        async with AsyncRelayClient(url, token, keys=KeyRing(config)) as client:
+            while not todo.empty():
+                todo.get_nowait()
+                began = time.perf_counter()
+                done = await client.send(RECEIVER, text, capability=CAP, seal=sealed, wait=True)
+                if done.state != "TASK_STATE_COMPLETED" or len(done.answer) < SIZE:
+                    raise SystemExit(f"a {'sealed' if sealed else 'clear'} task: {done.text[:300]}")
+                took.append(time.perf_counter() - began)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(E2E_CALLERS)))
+    return n / (time.perf_counter() - began), pct(took, 0.5) * 1e3, pct(took, 0.99) * 1e3
+
+
 def envelope_cost() -> tuple[float, float]:
     """Seconds to seal, and to open, 1 MiB of parts (median of 5)."""
     me, them = KeyPair.generate(), KeyPair.generate()
@@ -101,6 +179,24 @@ def envelope_cost() -> tuple[float, float]:
     return statistics.median(seals), statistics.median(opens)
 
 
+def print_end_to_end(engine: str, url: str, token: str, config: Path) -> None:
+    asyncio.run(end_to_end(url, token, config, True, 10))  # warm-up: the receiver pins
+    asyncio.run(end_to_end(url, token, config, False, 10))
+    runs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    for _ in range(ROUNDS):
+        for kind in (False, True):
+            runs[kind].append(asyncio.run(end_to_end(url, token, config, kind, E2E_TASKS)))
+    clear, sealed = ([statistics.median(r[i] for r in runs[k]) for i in range(3)]
+                     for k in (False, True))  # fmt: skip
+    print(
+        f"{engine:8} end to end, {E2E_CALLERS} caller(s): p50 clear {clear[1]:.1f} ms, sealed "
+        f"{sealed[1]:.1f} ms ({sealed[1] / clear[1]:.2f}x); p99 clear {clear[2]:.1f} ms, sealed "
+        f"{sealed[2]:.1f} ms; tasks/s clear {clear[0]:.0f}, sealed {sealed[0]:.0f} "
+        f"({sealed[0] / clear[0]:.2f}x)",
+        flush=True,
+    )
+
+
 def main() -> None:
     print(f"# sealed vs clear sends, {_common.machine()}; {SENDS} sends of {SIZE} B, "
           f"{CONCURRENCY} callers, {ROUNDS} rounds each, alternating", flush=True)  # fmt: skip
@@ -116,8 +212,9 @@ def main() -> None:
                 "--limits-max-queued", big, "--limits-send-rate", big, "--limits-burst", big,
             )  # fmt: skip
             try:
-                config = home / "caller-config"
-                token = seed(url, owner, config)
+                config = home / "xdg" / "mellan"
+                tokens = seed(url, owner, config)
+                token = tokens[CALLER]
                 asyncio.run(sends_per_second(url, token, config, True))  # warm up, pins
                 rates: dict[bool, list[float]] = {False: [], True: []}
                 for _ in range(ROUNDS):
@@ -132,6 +229,12 @@ def main() -> None:
                     f"{', '.join(f'{r:.0f}' for r in rates[True])})",
                     flush=True,
                 )
+                receiver = receiver_for(url, owner, tokens[RECEIVER], home, config)
+                try:
+                    print_end_to_end(engine, url, token, config)
+                finally:
+                    receiver.send_signal(signal.SIGTERM)
+                    receiver.wait(60)
             finally:
                 proc.terminate()
                 proc.wait(20)
