@@ -151,8 +151,11 @@ def test_the_async_client_does_the_same(relay: Any) -> None:
                 await asyncio.sleep(0.05)
             page = await c.list(RECEIVER, context="ctx-async")
             assert [t.id for t in page.tasks] == [held.id]
+            followed = c.subscribe(RECEIVER, held.id)
+            first = await anext(followed)  # subscribed before it ends (else: use GetTask)
+            assert first.state == "TASK_STATE_WORKING"
             rx.release(held.id)
-            states = [e.state async for e in c.subscribe(RECEIVER, held.id)]
+            states = [e.state async for e in followed]
             assert states[-1] == "TASK_STATE_COMPLETED"
             with pytest.raises(RelayError) as no:
                 await c.cancel(RECEIVER, held.id)
