@@ -258,6 +258,10 @@ def test_the_dashboard_shows_a_real_sealed_task_sealed(
     assert page.status_code == 200, page.text
     text = _visible(page.text)
     assert "sealed" in text
+    assert 'class="payload"' not in page.text  # no payload box at all
+    steps = re.findall(r'<li class="step step-(\w+)[^"]*">(.*?)</li>', page.text, re.S)
+    boxed = {kind for kind, body in steps if 'class="sealed-body"' in body}
+    assert {"accepted", "completed"} <= boxed, steps
     assert f"{_decoded_size(request)} bytes of ciphertext, sealed to key {ops}" in re.sub(
         r"<[^>]+>", "", text
     )
