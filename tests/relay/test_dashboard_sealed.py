@@ -289,6 +289,8 @@ def test_the_dashboard_shows_a_real_sealed_task_sealed(
         (agent_row,) = re.findall(rf'<tr id="agent-\d+" data-agent="{agent}">.*?</tr>', agents,
                                   re.S)  # fmt: skip
         assert fp in agent_row
+    grants = c.get("/ui/grants").text  # the grant was made --sealed
+    assert "sealed sends only" in grants
     overview = c.get("/ui/").text
     assert 'class="sealed-mark"' in overview
     assert secret not in _visible(listing.text + agents + overview)
