@@ -294,3 +294,20 @@ def test_the_dashboard_shows_a_real_sealed_task_sealed(
     overview = c.get("/ui/").text
     assert 'class="sealed-mark"' in overview
     assert secret not in _visible(listing.text + agents + overview)
+
+
+def test_lists_mark_sealed_tasks_and_remember_each_turns_answer() -> None:
+    sealed_task, (envelope, _) = _sealed_task(MARK + "list")
+    clear = _task(json.dumps({"parts": [{"text": f"{MEDIA_TYPE} in clear"}]}), None, id="t2")
+    for _ in range(2):  # the second time from what the list remembers: the same answer
+        marks = pages.seals_of([sealed_task, clear])
+        assert marks == {
+            "t1": sealed.Seal(
+                RECEIVER_KEYS.public.fingerprint, CALLER_KEYS.public.fingerprint,
+                _decoded_size(envelope),
+            ),
+            "t2": None,
+        }  # fmt: skip
+    # the next turn's message is the next turn's: answered anew
+    answered = _task(clear.payload, None, id="t1", turn=2)
+    assert pages.seals_of([answered]) == {"t1": None}

@@ -12,6 +12,8 @@ done one redirects (303) to a page saying what was done. Script requests (our ow
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -383,9 +385,35 @@ class TaskFilter:
         )
 
 
+SEAL_CACHE = 4096
+"""Task turns whose request seal the lists remember (a few hundred bytes each)."""
+_seals: OrderedDict[tuple[str, str, int, int], sealed.Seal | None] = OrderedDict()
+_seals_lock = threading.Lock()
+
+
 def seals_of(tasks: list[Task]) -> dict[str, sealed.Seal | None]:
-    """Each task's request seal (``None``: sent in clear), for the "sealed" mark in lists."""
-    return {t.id: sealed.request_seal(t.payload) for t in tasks}
+    """Each task's request seal (``None``: sent in clear), for the "sealed" mark in lists.
+
+    A list is rendered again at every live refresh, and a sealed payload may be up to the
+    relay's body limit (16 MiB) of JSON to parse, so each turn's answer is remembered: a
+    turn's message is written once (a follow-up is the next turn), so the task, turn and
+    payload length name it."""
+    out: dict[str, sealed.Seal | None] = {}
+    for t in tasks:
+        key = (t.workspace, t.id, t.turn, len(t.payload))
+        with _seals_lock:
+            known = key in _seals
+            if known:
+                _seals.move_to_end(key)
+                out[t.id] = _seals[key]
+        if known:
+            continue
+        out[t.id] = seal = sealed.request_seal(t.payload)
+        with _seals_lock:
+            _seals[key] = seal
+            while len(_seals) > SEAL_CACHE:
+                _seals.popitem(last=False)
+    return out
 
 
 def task_rows(request: Request, owner: Owner, tasks: list[Task]) -> str:
