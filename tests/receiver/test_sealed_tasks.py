@@ -10,14 +10,11 @@ never run, the error what the caller reads."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import secrets
 import stat
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,115 +23,15 @@ from melchior.mellan.client.caller import AsyncRelayClient, RelayClient
 from melchior.mellan.client.errors import RelayError
 from melchior.mellan.client.views import COMPLETED, INPUT_REQUIRED, TaskView
 from melchior.mellan.keys import load_keypair
-from melchior.mellan.relay.store.base import NewTask, Store
-from melchior.mellan.sealed_tasks import KeyRing, seal_request
-from melchior.mellan.sealing import KeyPair, PublicKey, envelope_of
-from receiver_kit import (
-    CALLER,
-    CAPABILITY,
-    RECEIVER,
-    Net,
-    ReceiverProc,
-    executions,
-    spawn_receiver,
-    worker_route,
-    write_config,
-)
-from relay_proc import Cli, RelayProc, db_url_fixture, owner_fixture, relay_fixture, store_fixture
+from melchior.mellan.relay.store.base import Store
+from melchior.mellan.sealed_tasks import KeyRing
+from melchior.mellan.sealing import KeyPair, envelope_of
+from receiver_kit import CALLER, CAPABILITY, RECEIVER
+from relay_proc import db_url_fixture, owner_fixture, relay_fixture, store_fixture
+from sealed_kit import Sealed, sealed_fixture
 from storekit import database_text, rewrite_payload_in
 
-__all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "store_fixture"]
-
-
-@dataclasses.dataclass
-class Sealed:
-    net: Net
-    codex: Cli
-    ops: Cli
-    count: Path
-    receiver: ReceiverProc
-    codex_keys: KeyPair
-    ops_key: PublicKey
-    env: dict[str, str]
-
-    def restart(self) -> None:
-        """The receiver stopped and started again (it reads its keys afresh)."""
-        self.receiver.stop()
-        self.receiver = spawn_receiver(self.receiver.config, self.env)
-
-    def keys(self) -> KeyRing:
-        """The caller's machine's keys and pins, as its CLI keeps them."""
-        return KeyRing(self.codex.home / "config" / "mellan")
-
-    def forged(self, store: Store, message: dict[str, Any], capability: str = CAPABILITY) -> str:
-        """A task the relay made up itself: ``message`` stored as if local/codex sent it
-        (without the door's dedupe key, which a relay replaying a message would not keep)."""
-        task, created = store.enqueue(
-            NewTask(
-                workspace="default", caller=CALLER, receiver=RECEIVER, capability=capability,
-                payload=json.dumps(message),
-            )
-        )  # fmt: skip
-        assert created
-        return task.id
-
-    def sealed(self, text: str, *, capability: str = CAPABILITY, to: PublicKey | None = None,
-               sender: KeyPair | None = None) -> dict[str, Any]:  # fmt: skip
-        clear = {"messageId": secrets.token_hex(8), "role": "ROLE_USER", "parts": [{"text": text}]}
-        message, _ = seal_request(
-            clear, workspace="default", caller=CALLER, receiver=RECEIVER, capability=capability,
-            to=to or self.ops_key, sender=sender or self.codex_keys,
-        )  # fmt: skip
-        return message
-
-    def refused(self, task_id: str, rule: str) -> str:
-        """The error the caller reads for a task the receiver refused by ``rule``."""
-        found = self.net.settled(task_id)
-        assert found["state"] == "failed", found
-        assert f"refused by the receiver (sealed-{rule})" in (found["error"] or ""), found
-        with RelayClient(self.net.relay.url, self.net.caller_token) as client:
-            seen = client.get(RECEIVER, task_id)
-        assert seen.failed
-        assert f"sealed-{rule}" in seen.answer
-        assert executions(self.count, task_id) == 0  # never run
-        return seen.answer
-
-
-@pytest.fixture
-def sealed(relay: RelayProc, owner: Cli, tmp_path: Path) -> Iterator[Sealed]:
-    owner("agent", "add", RECEIVER, "--capability", CAPABILITY, "--capability", "deploy")
-    owner("agent", "add", CALLER)
-    owner("grant", "add", CALLER, RECEIVER, CAPABILITY, "--sealed")
-    machines = {}
-    for agent in (RECEIVER, CALLER):
-        cli = Cli(tmp_path / agent.replace("/", "-"))
-        cli("join", owner.json("enroll", agent)["code"], "--relay", relay.url)
-        machines[agent] = cli
-    ops, codex = machines[RECEIVER], machines[CALLER]
-    agents = {a: c.home / "config" / "mellan" / "agents" for a, c in machines.items()}
-
-    def token(agent: str) -> str:
-        return str(json.loads((agents[agent] / f"{agent}.json").read_text())["token"])
-
-    net = Net(relay, token(CALLER), token(RECEIVER), tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    count = tmp_path / "count.txt"
-    worker_route(net, work, tmp_path / "worker.py")
-    (tmp_path / "receiver").mkdir()
-    config = write_config(
-        tmp_path / "receiver" / "receiver.toml", net, work,
-        credential=agents[RECEIVER] / f"{RECEIVER}.json",
-    )  # fmt: skip
-    env = {**ops.env, "COUNT_FILE": str(count)}
-    state = Sealed(
-        net, codex, ops, count, spawn_receiver(config, env),
-        load_keypair(agents[CALLER], CALLER), load_keypair(agents[RECEIVER], RECEIVER).public, env,
-    )  # fmt: skip
-    try:
-        yield state
-    finally:
-        state.receiver.stop()
+__all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "sealed_fixture", "store_fixture"]
 
 
 def test_a_sealed_task_runs_end_to_end_and_the_relay_holds_no_plaintext(

@@ -23,7 +23,10 @@ import pytest
 
 from a2a_kit import Receiver
 from dashboard_kit import send_task
-from relay_proc import RelayProc, add_agent, enroll_and_join, ok, start_relay
+from relay_proc import RelayProc, add_agent, enroll_and_join, ok, owner_fixture, start_relay
+from sealed_kit import Sealed, sealed_fixture
+
+__all__ = ["owner_fixture", "sealed_fixture"]
 
 pytestmark = pytest.mark.browser
 
@@ -318,3 +321,28 @@ def test_refusals_foreign_posts_expired_sessions_and_no_session(
     _shoot(fresh, shots, "signin")
     fresh.context.close()
     page.context.close()
+
+
+def test_a_sealed_task_is_shown_sealed_live_and_never_its_content(
+    chromium: object, relay: RelayProc, sealed: Sealed, shots: Path
+) -> None:
+    """A sealed task run by a real receiver, watched live from the list to its own page:
+    marked sealed, its sizes and fingerprints shown, no payload box, no plaintext."""
+    secret = "pension ledger " + os.urandom(8).hex()
+    page = _page(chromium)
+    _sign_in(page, relay, "/ui/tasks")
+    task_id, _ = sealed.send(secret)
+    row = f'tr[data-task="{task_id}"]'
+    page.wait_for_selector(f'{row}[data-state="succeeded"]')
+    assert page.locator(f"{row} .sealed-mark").inner_text() == "sealed"
+    page.locator(f"{row} a").click()
+    page.wait_for_selector(".step-completed .sealed-body")
+    assert page.locator("pre.payload").count() == 0
+    text = page.locator("main").inner_text()
+    assert sealed.ops_key.fingerprint in text
+    assert sealed.codex_keys.public.fingerprint in text
+    assert "bytes of ciphertext" in text
+    assert secret not in text
+    assert secret.upper() not in text
+    assert secret not in page.content()
+    _shoot(page, shots, "task-sealed")

@@ -12,6 +12,8 @@ done one redirects (303) to a page saying what was done. Script requests (our ow
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -25,6 +27,7 @@ from melchior.mellan.relay.refusals import ApiError
 from melchior.mellan.relay.store.base import (
     Activity,
     Agent,
+    AgentKey,
     AuditFilter,
     CredentialKind,
     Grant,
@@ -33,7 +36,7 @@ from melchior.mellan.relay.store.base import (
     TaskState,
 )
 from melchior.mellan.relay.surfaces import actions
-from melchior.mellan.relay.surfaces.dashboard import pictures, render, sessions, timeline
+from melchior.mellan.relay.surfaces.dashboard import pictures, render, sealed, sessions, timeline
 from melchior.mellan.relay.surfaces.dashboard.forms import Form
 from melchior.mellan.relay.surfaces.dashboard.guard import relay_of
 from melchior.mellan.relay.surfaces.dashboard.sessions import Owner
@@ -138,11 +141,17 @@ async def overview(request: Request, owner: Owner) -> Response:
         agents=agents, grants=grants, activity=activity, window=window, windows=WINDOWS,
         network=pictures.network(agents, grants),
         throughput=pictures.throughput(activity), depth=pictures.depth(activity),
-        recent=recent, relay_url=relay_of(request).public_url,
+        recent=recent, seals=seals_of(recent), relay_url=relay_of(request).public_url,
     )  # fmt: skip
 
 
 # -- agents, enrollment codes, credentials --------------------------------------------------------
+
+
+def _agent_keys(store: Store, workspace: str, agents: list[str]) -> dict[str, AgentKey | None]:
+    """Each agent's registered public key (one small read per agent: a workspace has tens
+    of agents, and the store answers for one agent at a time, as callers ask it)."""
+    return {a: store.agent_key(workspace, a) for a in agents}
 
 
 async def _agents_page(
@@ -159,10 +168,13 @@ async def _agents_page(
     creds = await _read(request, store.list_credentials, owner.workspace)
     codes = await _read(request, store.list_enrollments, owner.workspace)
     now: str = await _read(request, store.now)
+    keys: dict[str, AgentKey | None] = await _read(
+        request, _agent_keys, store, owner.workspace, [a.id for a in agents]
+    )
     live = [c for c in creds if c.revoked_at is None]
     return _page(
         request, owner, "agents.html", "agents", status=status,
-        agents=agents,
+        agents=agents, keys=keys,
         receivers={a.id: presence.view(a, now) for a in agents},
         agent_credentials={a.id: [c for c in live if c.kind is CredentialKind.AGENT
                                   and c.subject == a.id] for a in agents},
@@ -373,10 +385,41 @@ class TaskFilter:
         )
 
 
+SEAL_CACHE = 4096
+"""Task turns whose request seal the lists remember (a few hundred bytes each)."""
+_seals: OrderedDict[tuple[str, str, int, int], sealed.Seal | None] = OrderedDict()
+_seals_lock = threading.Lock()
+
+
+def seals_of(tasks: list[Task]) -> dict[str, sealed.Seal | None]:
+    """Each task's request seal (``None``: sent in clear), for the "sealed" mark in lists.
+
+    A list is rendered again at every live refresh, and a sealed payload may be up to the
+    relay's body limit (16 MiB) of JSON to parse, so each turn's answer is remembered: a
+    turn's message is written once (a follow-up is the next turn), so the task, turn and
+    payload length name it."""
+    out: dict[str, sealed.Seal | None] = {}
+    for t in tasks:
+        key = (t.workspace, t.id, t.turn, len(t.payload))
+        with _seals_lock:
+            known = key in _seals
+            if known:
+                _seals.move_to_end(key)
+                out[t.id] = _seals[key]
+        if known:
+            continue
+        out[t.id] = seal = sealed.request_seal(t.payload)
+        with _seals_lock:
+            _seals[key] = seal
+            while len(_seals) > SEAL_CACHE:
+                _seals.popitem(last=False)
+    return out
+
+
 def task_rows(request: Request, owner: Owner, tasks: list[Task]) -> str:
     return render.fragment(
         "_task_rows.html", tasks=tasks, base=render.base_path(request), owner=owner,
-        back=f"{render.base_path(request)}/tasks",
+        back=f"{render.base_path(request)}/tasks", seals=seals_of(tasks),
     )  # fmt: skip
 
 
@@ -425,14 +468,28 @@ async def task_parts(request: Request, owner: Owner, task_id: str) -> dict[str, 
 
 def render_task_parts(request: Request, owner: Owner, read: TaskRead) -> dict[str, str] | None:
     """:func:`task_parts` from a read already made (rendering is per owner; the read is not)."""
-    task, records, events, turns, pushes = read
+    task = read[0]
     if not actions.may_see(owner.principal, task):
         return None
     assert task is not None
-    base = render.base_path(request)
+    return task_fragments(read, render.base_path(request), owner)
+
+
+def task_fragments(read: TaskRead, base: str, owner: Owner | None) -> dict[str, str]:
+    """A task's summary and timeline as HTML, from a read of a task that exists (pure: the
+    property tests render exactly what a page shows). What of each stored body is shown is
+    :func:`.sealed.shown`'s decision, made for every step by :func:`.timeline.steps`."""
+    task, records, events, turns, pushes = read
+    assert task is not None
     steps = timeline.steps(task, records, events, turns, pushes)
+    seal = next(
+        (s for s in map(sealed.request_seal, [t.payload for t in turns] + [task.payload]) if s),
+        None,
+    )  # the first sealed turn's: a task is sealed from its first message on
     return {
-        "task-summary": render.fragment("_task_summary.html", task=task, base=base, owner=owner),
+        "task-summary": render.fragment(
+            "_task_summary.html", task=task, base=base, owner=owner, seal=seal
+        ),
         "timeline": render.fragment("_timeline.html", steps=steps),
     }
 

@@ -18,7 +18,9 @@ tries so far: a caller asking "why did my webhook not hear about it?" has the an
 
 Payloads are the stored JSON text, verbatim: the request with "accepted", an answer with
 "answered", progress bodies with their events, a turn's result with the step that
-recorded it.
+recorded it. What the page shows of each is :func:`.sealed.shown`'s decision (``shown``):
+the text as stored, or for a sealed task only that it is sealed, its size and its keys'
+fingerprints.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from melchior.mellan.relay.store.base import (
     TaskState,
     TaskTurn,
 )
+from melchior.mellan.relay.surfaces.dashboard import sealed
 
 # what each recorded action is called on the timeline, and its place among equal times
 STEPS: dict[str, tuple[str, str, int]] = {
@@ -62,6 +65,7 @@ class Step:
     body_label: str = ""
     rank: int = 2
     epoch: int | None = None  # the lease epoch a receiver's report was made under
+    shown: sealed.Shown | None = None  # what the page shows of ``body`` (never it directly)
 
 
 def _from_record(rec: AuditRecord) -> Step | None:
@@ -175,4 +179,8 @@ def steps(
                     rank=3,
                 )
             )
-    return out
+    sealed_task = sealed.task_sealed([t.payload for t in finished] + [task.payload])
+    return [
+        replace(s, shown=sealed.shown(s.body, task_sealed=sealed_task)) if s.body is not None else s
+        for s in out
+    ]
