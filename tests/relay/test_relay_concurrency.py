@@ -40,7 +40,6 @@ def two_replicas(db_url: str, tmp_path: Path) -> Iterator[tuple[RelayProc, Relay
         b.stop()
 
 
-@pytest.mark.slow
 def test_receivers_on_two_replicas_keep_the_queue_rules(
     db_url: str, two_replicas: tuple[RelayProc, RelayProc]
 ) -> None:

@@ -540,14 +540,7 @@ class RelayClient(_Calls):
             text, capability=capability, task=task, context=context, metadata=metadata
         )
         body["configuration"] = {"returnImmediately": True}
-        sealed = None
-        if seal:
-            url = self._key_url(agent)
-            offered = self._call("GET", url)[0] if url else None
-            sealed = self._seal(
-                body, workspace=self.workspace(), caller=self.whoami().subject, agent=agent,
-                offered=offered,
-            )  # fmt: skip
+        sealed = self._sealing(body, agent) if seal else None
         answer, raw = self._call("POST", self.base(agent) + "/message:send", body)
         accepted = self._sent(answer, raw)
         if sealed is not None:
@@ -592,13 +585,18 @@ class RelayClient(_Calls):
         )
         if not seal:
             return self._events(self.base(agent) + "/message:stream", body)
+        sealed = self._sealing(body, agent)  # refused here, before anything is sent
+        return self._sealed_stream(self.base(agent) + "/message:stream", body, sealed)
+
+    def _sealing(self, body: dict[str, Any], agent: str) -> SealedSend:
+        """``body``'s message sealed in place to ``agent``'s key, read from the relay (once
+        per client) and checked against the pin."""
         url = self._key_url(agent)
         offered = self._call("GET", url)[0] if url else None
-        sealed = self._seal(
+        return self._seal(
             body, workspace=self.workspace(), caller=self.whoami().subject, agent=agent,
             offered=offered,
         )  # fmt: skip
-        return self._sealed_stream(self.base(agent) + "/message:stream", body, sealed)
 
     def _sealed_stream(self, url: str, body: Any, sealed: SealedSend) -> Iterator[TaskEvent]:
         seen: dict[str, str] = {}
@@ -745,12 +743,7 @@ class AsyncRelayClient(_Calls):
             text, capability=capability, task=task, context=context, metadata=metadata
         )
         body["configuration"] = {"returnImmediately": True}
-        sealed = None
-        if seal:
-            url = self._key_url(agent)
-            offered = (await self._call("GET", url))[0] if url else None
-            workspace, me = await self.workspace(), (await self.whoami()).subject
-            sealed = self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
+        sealed = await self._sealing(body, agent) if seal else None
         answer, raw = await self._call("POST", await self.base(agent) + "/message:send", body)
         accepted = self._sent(answer, raw)
         if sealed is not None:
@@ -787,16 +780,17 @@ class AsyncRelayClient(_Calls):
         body = self.message_body(
             text, capability=capability, task=task, context=context, metadata=metadata
         )
-        sealed = None
-        if seal:
-            url = self._key_url(agent)
-            offered = (await self._call("GET", url))[0] if url else None
-            workspace, me = await self.workspace(), (await self.whoami()).subject
-            sealed = self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
+        sealed = await self._sealing(body, agent) if seal else None
         seen: dict[str, str] = {}
         async for event in self._events(await self.base(agent) + "/message:stream", body):
             for told in [event] if sealed is None else self._sealed_events(event, sealed, seen):
                 yield told
+
+    async def _sealing(self, body: dict[str, Any], agent: str) -> SealedSend:
+        url = self._key_url(agent)
+        offered = (await self._call("GET", url))[0] if url else None
+        workspace, me = await self.workspace(), (await self.whoami()).subject
+        return self._seal(body, workspace=workspace, caller=me, agent=agent, offered=offered)
 
     async def subscribe(self, agent: str, task_id: str) -> AsyncIterator[TaskEvent]:
         url = await self.base(agent) + self._task_path(task_id, "subscribe")
