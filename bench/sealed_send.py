@@ -215,7 +215,15 @@ def main() -> None:
                 config = home / "xdg" / "mellan"
                 tokens = seed(url, owner, config)
                 token = tokens[CALLER]
-                asyncio.run(sends_per_second(url, token, config, True))  # warm up, pins
+                # end to end first: the accepted/s rounds leave thousands of tasks queued,
+                # which a receiver started after them would drain during the measurement
+                receiver = receiver_for(url, owner, tokens[RECEIVER], home, config)
+                try:
+                    print_end_to_end(engine, url, token, config)
+                finally:
+                    receiver.send_signal(signal.SIGTERM)
+                    receiver.wait(60)
+                asyncio.run(sends_per_second(url, token, config, True))  # warm up
                 rates: dict[bool, list[float]] = {False: [], True: []}
                 for _ in range(ROUNDS):
                     for sealed in (False, True):
@@ -229,12 +237,6 @@ def main() -> None:
                     f"{', '.join(f'{r:.0f}' for r in rates[True])})",
                     flush=True,
                 )
-                receiver = receiver_for(url, owner, tokens[RECEIVER], home, config)
-                try:
-                    print_end_to_end(engine, url, token, config)
-                finally:
-                    receiver.send_signal(signal.SIGTERM)
-                    receiver.wait(60)
             finally:
                 proc.terminate()
                 proc.wait(20)

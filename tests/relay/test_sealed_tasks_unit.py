@@ -7,6 +7,8 @@ a replay in any other, across restarts, while a redelivery of the same turn open
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,34 @@ def test_a_first_message_opens_in_one_task_only_and_is_remembered(tmp_path: Path
     assert "task-a" in refused.value.reason
     with pytest.raises(SealRefused):
         seen.claim("local/codex", "m-1", "task-a", 2)  # a later turn of the same task
+
+
+def test_the_opened_log_grows_by_one_line_per_message_and_is_compacted(tmp_path: Path) -> None:
+    """One short appended line per message opened (the cost of a sealed turn does not grow
+    with what is remembered); a torn last line is skipped; the log is compacted to one
+    line per entry at start-up when it holds more, and everything is still refused."""
+    path = tmp_path / "opened.json"
+    seen = Opened(path)
+    for i in range(50):
+        seen.claim("local/codex", f"m-{i}", f"task-{i}", 1)
+        assert len(path.read_text().splitlines()) == i + 1
+    seen.claim("local/codex", "m-0", "task-0", 1)  # a redelivery writes nothing
+    assert len(path.read_text().splitlines()) == 50
+    with path.open("a") as f:
+        f.write('["local/codex\\nm-0", "task-0", 1, 1.0]\n["torn')  # a duplicate, a torn line
+    again = Opened(path)
+    assert len(path.read_text().splitlines()) == 50  # compacted
+    for i in range(50):
+        with pytest.raises(SealRefused):
+            again.claim("local/codex", f"m-{i}", "task-elsewhere", 1)
+
+
+def test_an_opened_file_of_the_earlier_form_is_read_and_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "opened.json"
+    path.write_text(json.dumps({"local/codex\nm-1": ["task-a", 1, time.time()],
+                                 "local/codex\nm-old": ["task-z", 1, 0.0]}))  # fmt: skip
+    seen = Opened(path)
+    with pytest.raises(SealRefused):
+        seen.claim("local/codex", "m-1", "task-b", 1)
+    seen.claim("local/codex", "m-old", "task-b", 1)  # aged out: remembered no longer
+    assert len(path.read_text().splitlines()) == 2

@@ -27,6 +27,7 @@ Keys: the agent's own pair beside its credential and the pins of others
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -289,29 +290,37 @@ MAX_REMEMBERED = 100_000
 
 class Opened:
     """Which task (and turn) each caller's sealed ``messageId`` was opened for, kept across
-    restarts in one small file, so a sealed message handed out again as another task is
-    refused (rule ``replay``). The same task and turn again is a redelivery (a lease ran
-    out, a retry), not a replay, and opens."""
+    restarts, so a sealed message handed out again as another task is refused (rule
+    ``replay``). The same task and turn again is a redelivery (a lease ran out, a retry),
+    not a replay, and opens.
+
+    Kept as an append-only log, one JSON line per message opened (``[key, task, turn,
+    at]``), each append flushed to disk (``fdatasync``) before the turn runs: a sealed
+    turn costs one small write, whatever the number remembered. Rewriting one JSON object
+    per claim, as this once did, cost a write of every remembered entry per task (10 MB
+    at the limit). The log is compacted — rewritten atomically with the live entries
+    only — once it holds twice as many lines as entries (and at start-up, when entries
+    have aged out). A file in the earlier form (one JSON object) is read as such."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._map: dict[str, tuple[str, int, float]] = {}
+        self._lines = 0
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except (OSError, ValueError):
-            raw = {}
+            text = ""
         now = time.time()
-        for key, entry in (raw if isinstance(raw, dict) else {}).items():
-            if (
-                isinstance(entry, list)
-                and len(entry) == 3
-                and isinstance(entry[0], str)
-                and isinstance(entry[1], int)
-                and isinstance(entry[2], int | float)
-                and now - entry[2] < KEEP_SECONDS
-            ):
-                self._map[key] = (entry[0], entry[1], float(entry[2]))
+        for key, entry in _entries(text):
+            if now - entry[2] < KEEP_SECONDS:
+                self._map[key] = entry
+            self._lines += 1
+        if len(self._map) > MAX_REMEMBERED:
+            keep = sorted(self._map.items(), key=lambda kv: kv[1][2])[-MAX_REMEMBERED:]
+            self._map = dict(keep)
+        if self._lines > len(self._map) or text.lstrip().startswith("{"):
+            self._compact()
 
     def claim(self, caller: str, message_id: str, task: str, turn: int) -> None:
         """Record that ``caller``'s ``message_id`` opens in ``task``'s ``turn``, or refuse
@@ -329,9 +338,61 @@ class Opened:
                 )
             if seen is not None:
                 return
-            self._map[key] = (task, turn, time.time())
+            entry = (task, turn, time.time())
+            self._append(key, entry)
+            self._map[key] = entry
             if len(self._map) > MAX_REMEMBERED:
                 keep = sorted(self._map.items(), key=lambda kv: kv[1][2])[-MAX_REMEMBERED:]
                 self._map = dict(keep)
-            data = json.dumps({k: list(v) for k, v in self._map.items()})
-            atomic_write(self.path, data.encode("utf-8"), make_parent=True)
+            if self._lines > 2 * len(self._map) + 64:
+                self._compact()
+
+    def _append(self, key: str, entry: tuple[str, int, float]) -> None:
+        line = (json.dumps([key, *entry]) + "\n").encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, line)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._lines += 1
+
+    def _compact(self) -> None:
+        lines = "".join(json.dumps([k, *v]) + "\n" for k, v in self._map.items())
+        atomic_write(self.path, lines.encode("utf-8"), make_parent=True)
+        self._lines = len(self._map)
+
+
+def _entries(text: str) -> list[tuple[str, tuple[str, int, float]]]:
+    """The (key, (task, turn, at)) entries of an opened-messages file, in either form;
+    what is not an entry (a torn last line, another program's bytes) is skipped."""
+    if text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return []
+        rows = (
+            [[k, *v] for k, v in raw.items() if isinstance(v, list)]
+            if isinstance(raw, dict)
+            else []
+        )
+    else:
+        rows = []
+        for line in text.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    out = []
+    for row in rows:
+        if (
+            isinstance(row, list)
+            and len(row) == 4
+            and isinstance(row[0], str)
+            and isinstance(row[1], str)
+            and isinstance(row[2], int)
+            and isinstance(row[3], int | float)
+        ):
+            out.append((row[0], (row[1], row[2], float(row[3]))))
+    return out
