@@ -225,6 +225,13 @@ def rewrite_payload_in(db_url: str, task_id: str, payload: str) -> None:
             assert c.execute(sql.format(p="%s"), (payload, task_id)).rowcount == 1
 
 
+def assert_holds_none(db_url: str, *texts: str) -> None:
+    """The database holds none of ``texts`` anywhere (sealed content never reaches it)."""
+    held = database_text(db_url)
+    for text in texts:
+        assert text.encode() not in held, f"the relay's database holds {text!r}"
+
+
 def database_text(db_url: str) -> bytes:
     """Everything the database holds, as bytes: the SQLite files, or every PostgreSQL row."""
     if db_url.startswith("sqlite"):

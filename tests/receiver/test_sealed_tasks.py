@@ -29,7 +29,7 @@ from melchior.mellan.sealing import KeyPair, envelope_of
 from receiver_kit import CALLER, CAPABILITY, RECEIVER
 from relay_proc import db_url_fixture, owner_fixture, relay_fixture, store_fixture
 from sealed_kit import Sealed, sealed_fixture
-from storekit import database_text, rewrite_payload_in
+from storekit import assert_holds_none, database_text, rewrite_payload_in
 
 __all__ = ["db_url_fixture", "owner_fixture", "relay_fixture", "sealed_fixture", "store_fixture"]
 
@@ -65,9 +65,7 @@ def test_a_sealed_task_runs_end_to_end_and_the_relay_holds_no_plaintext(
     assert meta["from"] == sealed.codex_keys.public.fingerprint
     assert f"done: {secret.upper()} AGAIN" in json.dumps(task["status"]["message"])
     # the relay holds ciphertext only: not the payload, not the result
-    held = database_text(db_url)
-    assert secret.encode() not in held
-    assert secret.upper().encode() not in held
+    assert_holds_none(db_url, secret, secret.upper())  # nor the worker's answer
     rows = [t for t in store.list_tasks("default") if t.caller == CALLER]
     assert len(rows) == 2
     assert all("ext/sealed/v1" in (t.result or "") for t in rows)
@@ -148,9 +146,7 @@ def test_a_sealed_task_asks_back_and_the_sealed_answer_is_its_next_turn(
     (earlier,) = json.loads(answered.answer.split("\n")[0])
     assert earlier["text"] == f"ask about {secret}"
     assert "sealed to the caller" in earlier["answer"]
-    held = database_text(db_url)
-    assert secret.encode() not in held
-    assert secret.upper().encode() not in held
+    assert_holds_none(db_url, secret, secret.upper())  # nor the worker's answer
 
 
 def test_the_mcp_bridge_sends_sealed_and_reads_the_opened_answer(
@@ -212,9 +208,7 @@ def test_a_sealed_stream_tells_the_states_and_opens_the_answer_at_its_end(
 
     states = asyncio.run(stream())
     assert states[-1] == COMPLETED
-    held = database_text(db_url)
-    assert secret.encode() not in held
-    assert secret.upper().encode() not in held
+    assert_holds_none(db_url, secret, secret.upper())  # nor the worker's answer
 
 
 def test_a_sealed_task_read_later_opens_with_the_callers_own_request(

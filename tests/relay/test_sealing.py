@@ -139,19 +139,22 @@ FIELDS = [
 ]
 
 
+def _other_value(field: str, old: Any, data: Any) -> Any:
+    """A value of routing field ``field`` other than ``old``, drawn from its strategy."""
+    if field == "direction":
+        return "result" if old == "request" else "request"
+    if field == "hops":
+        return data.draw(hops_strategy.filter(lambda h: h != old))
+    if field in ("context", "task"):
+        return data.draw((st.none() | ids).filter(lambda v: v != old))
+    return data.draw(ids.filter(lambda v: v != old))
+
+
 @settings(max_examples=60)
 @given(parts=parts_strategy, binding=bindings, field=st.sampled_from(FIELDS), data=st.data())
 def test_any_changed_routing_field_is_refused(parts, binding, field, data) -> None:
     env = seal(parts, binding=binding, to=RECEIVER.public, sender=CALLER)
-    old = getattr(binding, field)
-    if field == "direction":
-        new: Any = "result" if old == "request" else "request"
-    elif field == "hops":
-        new = data.draw(hops_strategy.filter(lambda h: h != old))
-    elif field in ("context", "task"):
-        new = data.draw((st.none() | ids).filter(lambda v: v != old))
-    else:
-        new = data.draw(ids.filter(lambda v: v != old))
+    new = _other_value(field, getattr(binding, field), data)
     moved = replace(binding, **{field: new})
     with pytest.raises(SealRefused) as caught:
         _open(env, moved)
@@ -287,16 +290,7 @@ def test_a_sender_reads_back_exactly_what_it_bound_and_nothing_rewritten(
     no longer verifies, whatever the new value."""
     env = json.loads(json.dumps(seal(parts, binding=binding, to=RECEIVER.public, sender=CALLER)))
     assert sealing.signed_binding(env, to=RECEIVER.public, sender=CALLER.public) == binding
-    old = env["bound"][field]
-    if field == "direction":
-        new: Any = "result" if old == "request" else "request"
-    elif field == "hops":
-        new = data.draw(hops_strategy.filter(lambda h: h != old))
-    elif field in ("context", "task"):
-        new = data.draw((st.none() | ids).filter(lambda v: v != old))
-    else:
-        new = data.draw(ids.filter(lambda v: v != old))
-    env["bound"][field] = new
+    env["bound"][field] = _other_value(field, env["bound"][field], data)
     with pytest.raises(SealRefused) as caught:
         sealing.signed_binding(env, to=RECEIVER.public, sender=CALLER.public)
     assert caught.value.rule == "signature"
