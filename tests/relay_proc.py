@@ -54,13 +54,15 @@ class RelayProc:
 
     def stop(self) -> int:
         """SIGTERM and wait; a relay still running after 20 s is asked for its threads'
-        stacks (SIGUSR1), killed, and its last lines printed (shown with the failure)."""
+        stacks (SIGUSR1) and its event loop's tasks (SIGUSR2), killed, and its last lines
+        printed (shown with the failure)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.send_signal(signal.SIGUSR1)
+                self.proc.send_signal(signal.SIGUSR2)
                 time.sleep(1)
                 self.proc.kill()
                 self.proc.wait()

@@ -202,6 +202,18 @@ class HeaderLimitedH11(H11Protocol):
         self.app = app
 
 
+def _dump_tasks(sig: int, frame: FrameType | None) -> None:
+    """SIGUSR2: the event loop's tasks and where each waits, to stderr (a thread's stack
+    shows only that the loop is idle; a shutdown that does not end waits in a task)."""
+    try:
+        tasks = asyncio.all_tasks(asyncio.get_running_loop())
+    except RuntimeError:
+        return
+    for task in tasks:
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
 class _Server(uvicorn.Server):
     """uvicorn, but SIGINT/SIGTERM mean "drain and exit 0" rather than re-raising the signal
     after shutdown (which would skip closing the store and report a kill to systemd), and
@@ -433,6 +445,7 @@ def serve(options: RelayOptions, out: TextIO = sys.stdout) -> int:
             # SIGUSR1: every thread's stack to stderr, for a relay that seems stuck (a
             # shutdown that does not end, a request that never answers); it keeps running
             faulthandler.register(signal.SIGUSR1, all_threads=True)
+            signal.signal(signal.SIGUSR2, _dump_tasks)
         say(
             f"listening on {url}" + (f" (public URL {public})" if public != url else ""),
             "listening",

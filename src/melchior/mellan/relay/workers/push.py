@@ -28,7 +28,6 @@ have shown (:mod:`.a2a.notifications`), and POSTs them one by one:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -159,8 +158,11 @@ class Pusher:
         finally:
             for f in (waiter, freed):
                 f.cancel()
-                with contextlib.suppress(BaseException):
-                    await f
+            # Wait for both to end, their own cancellation collected as a result; a
+            # cancellation of *this* task meanwhile still propagates. (Awaiting each under
+            # suppress(BaseException) swallowed it when the relay's shutdown cancelled the
+            # pusher right then, and the pusher looped on: the relay never stopped.)
+            await asyncio.gather(waiter, freed, return_exceptions=True)
             self._slot_freed.clear()
         await asyncio.sleep(MIN_GAP)
 
