@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from melchior.files import write_private
-from melchior.mellan.sealing import KeyPair, PublicKey
+from melchior.mellan.sealing import FINGERPRINT, KeyPair, PublicKey
 
 PINS_FILE = "pins.json"
 RETIRED_KEEP_SECONDS = 30 * 24 * 3600.0
@@ -106,7 +106,16 @@ def read_keypair(path: Path, agent: str) -> KeyPair:
 
 def retired_file(agents_dir: Path, agent: str) -> Path:
     """Where an agent's rotated-out key pairs are kept: beside its key."""
-    return key_file(agents_dir, agent).with_suffix(".retired")
+    return _retired_beside(key_file(agents_dir, agent))
+
+
+def _retired_beside(key: Path) -> Path:
+    return key.with_suffix(".retired")
+
+
+def _pending_beside(key: Path) -> Path:
+    """Where a rotation keeps the new pair until it becomes the key."""
+    return key.with_suffix(".key.new")
 
 
 def _retired(path: Path, now: float) -> list[tuple[KeyPair, float]]:
@@ -139,7 +148,7 @@ def keypairs(agents_dir: Path, agent: str) -> list[KeyPair]:
 
 def read_keypairs(path: Path, agent: str) -> list[KeyPair]:
     """:func:`keypairs` for the key file ``path`` (its retired file beside it)."""
-    retired = sorted(_retired(path.with_suffix(".retired"), time.time()), key=lambda e: -e[1])
+    retired = sorted(_retired(_retired_beside(path), time.time()), key=lambda e: -e[1])
     return [read_keypair(path, agent), *(pair for pair, _ in retired)]
 
 
@@ -167,7 +176,7 @@ class Rotation:
 
     @property
     def pending(self) -> Path:
-        return key_file(self.agents_dir, self.agent).with_suffix(".key.new")
+        return _pending_beside(key_file(self.agents_dir, self.agent))
 
     def commit(self) -> None:
         """The new pair becomes the agent's key; the old one is retired (kept to open what
@@ -189,7 +198,7 @@ def begin_rotation(agents_dir: Path, agent: str) -> Rotation:
     rotation that was interrupted (its new pair written, the relay perhaps told) is
     resumed with the same new pair, so the key the relay may hold is the one kept."""
     old = load_keypair(agents_dir, agent)
-    pending = key_file(agents_dir, agent).with_suffix(".key.new")
+    pending = _pending_beside(key_file(agents_dir, agent))
     if pending.exists():
         return Rotation(agents_dir, agent, old, read_keypair(pending, agent))
     rotation = Rotation(agents_dir, agent, old, KeyPair.generate())
@@ -283,7 +292,7 @@ class Pins:
     def trust(self, agent: str, fingerprint: str) -> Pin:
         """Accept ``fingerprint`` as ``agent``'s key from now on (pinned at next sight)."""
         fingerprint = fingerprint.strip().lower()
-        if len(fingerprint) != 49 or fingerprint.count("-") != 9:
+        if not FINGERPRINT.fullmatch(fingerprint):
             raise KeyProblem(
                 f"{fingerprint!r} is not a key fingerprint (ten groups of four hex digits, "
                 "as 'mellan agent show' prints it)"

@@ -39,6 +39,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -139,6 +140,11 @@ class PublicKey:
         """What a person compares: SHA-256 of both keys, 20 bytes as ten groups of hex."""
         digest = hashlib.sha256(PUBLIC_PREFIX.encode() + self.box + self.sign).hexdigest()[:40]
         return "-".join(digest[i : i + 4] for i in range(0, 40, 4))
+
+
+FINGERPRINT = re.compile(r"[0-9a-f]{4}(?:-[0-9a-f]{4}){9}")
+"""A key fingerprint as :attr:`PublicKey.fingerprint` writes it (ten groups of four
+lowercase hex digits): the one rule for text that claims to be one."""
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def _rotate(ns: argparse.Namespace) -> int:
         ) from None
     try:
         rotation.commit()
-    except OSError as exc:  # the relay holds the new key: the pending pair must survive
+    except (OSError, KeyProblem) as exc:  # the relay holds the new key: keep the pending pair
         raise CliError(
             f"the relay holds the new key but it could not be made the agent's here ({exc}); "
             f"its private half is in {rotation.pending}: run the command again to finish"

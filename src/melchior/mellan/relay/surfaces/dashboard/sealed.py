@@ -39,10 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from melchior.mellan.sealing import MEDIA_TYPE, SEALED_URI, SealRefused, envelope_of
-
-FINGERPRINT = re.compile(r"[0-9a-f]{4}(?:-[0-9a-f]{4}){9}")
-"""A key fingerprint as :class:`melchior.mellan.sealing.PublicKey` writes it."""
+from melchior.mellan.sealing import FINGERPRINT, MEDIA_TYPE, SEALED_URI, SealRefused, envelope_of
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")
 _MAX_DEPTH = 64
