@@ -28,6 +28,7 @@ import pytest
 
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import NewTask, Store
+from melchior.mellan.transport import trusting_nobody
 
 MELLAN = str(Path(sys.executable).parent / "mellan")
 START_TIMEOUT = 60.0  # a deadline for a broken start, not a measured threshold
@@ -46,7 +47,8 @@ class RelayProc:
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        verify: Any = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+        # a plain-http relay's client trusts nobody, as the CLI's does (no roots loaded)
+        verify = ssl.create_default_context(cafile=str(self.ca)) if self.ca else trusting_nobody()
         return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, verify=verify)
 
     def owner(self) -> httpx.Client:

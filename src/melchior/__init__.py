@@ -22,9 +22,20 @@ The relay client is :mod:`melchior.mellan` (``from melchior.mellan import RelayC
 
 from __future__ import annotations
 
+import sys as _sys
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (tool start-up)
 
 __version__ = "0.1.0"
+
+# httpx imports its own command-line client whenever click, pygments and rich happen to
+# be installed (uvicorn, pytest and textual bring them), ~80 modules and a quarter of a
+# `mellan` command's start-up, for a `main` nothing here calls. A module of that name
+# without a `main` makes httpx keep its stand-in instead (its import of it fails, as when
+# the three are absent); only if httpx is not loaded yet, and only that one module.
+if "httpx" not in _sys.modules:
+    _sys.modules.setdefault("httpx._main", type(_sys)("httpx._main"))
+del _sys
 
 _WHERE = {
     "Message": ("melchior.envelope", "Message"),

@@ -91,6 +91,31 @@ def test_importing_the_packages_imports_none_of_their_modules() -> None:
     assert done.stdout.strip() == "['melchior', 'melchior.mellan']"
 
 
+def test_a_mellan_command_loads_no_command_line_of_httpx() -> None:
+    """httpx imports its own CLI (click, pygments, rich: a quarter of a command's start-up)
+    whenever they are installed, as they are here; importing melchior first keeps it out,
+    and httpx still works."""
+    code = (
+        "import sys\n"
+        "import melchior.mellan.commands.agent\n"
+        "import httpx\n"
+        "assert httpx.Client and httpx.AsyncClient and httpx.Response(200).status_code == 200\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'click', 'pygments', 'rich'}))\n"
+        "import melchior.mellan.relay.server.serve\n"  # uvicorn brings click, not the others
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pygments', 'rich'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["[]", "[]"]
+    # the three are installed: without melchior first, httpx does load them
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, httpx; print('rich' in sys.modules)"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "True"
+
+
 def test_type_hints_ship() -> None:
     assert (ROOT / "src" / "melchior" / "py.typed").is_file()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

@@ -121,6 +121,30 @@ def test_a_wrong_ca_is_refused(https_relay: RelayProc, tmp_path: Path) -> None:
     assert "certificate does not verify" in out.stderr
 
 
+def test_a_client_for_a_plain_http_relay_trusts_no_certificate(
+    https_relay: RelayProc, ca: trustme.CA, tmp_path: Path
+) -> None:
+    """A plain-http relay's client gets TLS settings with no root at all (httpx would load
+    the public ones for it): sent to an https URL anyway, it verifies nothing; the same
+    request trusting the relay's CA goes through, so the refusal was the trust."""
+    plain = https_relay.url.replace("https://", "http://")
+    with (
+        transport.client(plain, None, timeout=30) as c,
+        pytest.raises(httpx.ConnectError, match="certificate verify failed"),
+    ):
+        c.get(https_relay.url + "/healthz")
+    with verified(ca_file(ca, tmp_path)) as c:
+        assert c.get(https_relay.url + "/healthz").status_code == 200
+    # an https client without a CA file or a client certificate shares the public roots,
+    # loaded once; one with a CA file has a context of its own
+    shared = transport.ssl_context(transport.ClientTls())
+    assert shared is transport.ssl_context(transport.ClientTls())
+    assert shared.cert_store_stats()["x509_ca"] > 0
+    own = transport.ssl_context(transport.ClientTls(ca_file=ca_file(ca, tmp_path)))
+    assert own is not shared
+    assert own.cert_store_stats()["x509_ca"] == 1
+
+
 def test_sighup_reloads_for_new_connections_while_open_ones_keep_working(
     ca: trustme.CA, tmp_path: Path
 ) -> None:

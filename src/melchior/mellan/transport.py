@@ -18,6 +18,7 @@ MCP bridge's relay caller alike:
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from collections.abc import Mapping
@@ -91,8 +92,31 @@ def check_url(url: str, *, credential: bool) -> None:
         )
 
 
+@functools.cache
+def public_roots() -> ssl.SSLContext:
+    """A verifying context trusting the usual public roots, made once per process and
+    shared: loading the roots costs ~20 ms of CPU each time, and every client httpx
+    makes with its defaults loads them again (the relay's pusher and waker each made
+    one at start). Shared unmodified only: a client certificate needs a context of its
+    own (:func:`ssl_context`)."""
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def trusting_nobody() -> ssl.SSLContext:
+    """The TLS settings of a client for a plain ``http://`` relay: verifying, with no
+    root at all, so no certificate is ever trusted. Such a client never speaks TLS
+    (redirects are not followed); without it httpx would load the public roots for it
+    anyway, a fifth of a short command's CPU. Made fresh each time (it is cheap), so no
+    caller can add trust to another's."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checked, certificate required
+
+
 def ssl_context(tls: ClientTls) -> ssl.SSLContext:
     """A verifying context: the CA file if given (and only it), else the public roots."""
+    if tls.ca_file is None and tls.client_cert is None:
+        return public_roots()
     try:
         if tls.ca_file is not None:
             ctx = ssl.create_default_context(cafile=str(tls.ca_file))
@@ -123,8 +147,8 @@ def client_options(
     the bearer header. ``secret`` marks a call that carries a credential in its body."""
     check_url(url, credential=bool(token) or secret)
     options: dict[str, Any] = {"follow_redirects": False}
-    if urlsplit(url).scheme == "https":
-        options["verify"] = ssl_context(tls or client_tls())
+    https = urlsplit(url).scheme == "https"
+    options["verify"] = ssl_context(tls or client_tls()) if https else trusting_nobody()
     if token:
         options["headers"] = {"authorization": f"Bearer {token}"}
     return options

@@ -46,6 +46,7 @@ from melchior.mellan.relay.store.base import PushDelivery, Store, StoreError
 from melchior.mellan.relay.surfaces.a2a import jsontext
 from melchior.mellan.relay.surfaces.a2a.notifications import messages
 from melchior.mellan.signing import sign
+from melchior.mellan.transport import public_roots
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.context import Relay
@@ -124,7 +125,11 @@ class Pusher:
         timeout = httpx.Timeout(self.timeout)
         async with (
             httpx.AsyncClient(
-                timeout=timeout, limits=limits, follow_redirects=False, trust_env=False
+                timeout=timeout,
+                limits=limits,
+                follow_redirects=False,
+                trust_env=False,
+                verify=public_roots(),
             ) as http,
             asyncio.TaskGroup() as deliveries,
         ):

@@ -36,6 +36,7 @@ import httpx
 from melchior.mellan.relay.outbound import Failed, Refused, Resolver, post_checked, resolve
 from melchior.mellan.relay.store.base import StoreError
 from melchior.mellan.signing import sign
+from melchior.mellan.transport import public_roots
 
 if TYPE_CHECKING:
     from melchior.mellan.relay.context import Relay
@@ -96,7 +97,10 @@ class Waker:
     async def run(self) -> None:
         async with (
             httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout), follow_redirects=False, trust_env=False
+                timeout=httpx.Timeout(self.timeout),
+                follow_redirects=False,
+                trust_env=False,
+                verify=public_roots(),
             ) as http,
             asyncio.TaskGroup() as sends,
         ):
