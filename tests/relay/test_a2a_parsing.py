@@ -3,17 +3,21 @@ refuse is refused with a named reason, and nothing else escapes."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from melchior.a2a_message import PART_KEYS as A2A_PART_KEYS
 from melchior.mellan.relay.surfaces.a2a import jsontext, paths, requests
 from melchior.mellan.relay.surfaces.a2a.errors import InvalidParams, InvalidRequest, ParseError
 from melchior.mellan.relay.surfaces.a2a.jsonrpc import envelope
+from melchior.runtimes.command import stdout_parts
 
 big_ints = st.integers(min_value=-(10**40), max_value=10**40)
 decimals = st.decimals(allow_nan=False, allow_infinity=False, places=None).filter(
@@ -61,7 +65,7 @@ def test_invalid_utf8_is_refused() -> None:
 
 parts = st.one_of(
     st.builds(lambda t: {"text": t}, st.text()),
-    st.builds(lambda t: {"raw": t, "filename": "f.bin"}, st.text()),
+    st.builds(lambda b: {"raw": base64.b64encode(b).decode(), "filename": "f.bin"}, st.binary()),
     st.builds(lambda t: {"url": t, "mediaType": "text/html"}, st.text()),
     st.builds(lambda d: {"data": d, "metadata": {"m": d}}, json_values),
 )
@@ -81,7 +85,10 @@ def test_valid_messages_pass_unchanged(msg: dict[str, Any]) -> None:
     assert req.return_immediately is False
 
 
-@given(messages, st.sampled_from(["no-kind", "two-kinds", "role", "no-parts", "bad-text", "id"]))
+_HOWS = ["no-kind", "two-kinds", "role", "no-parts", "bad-text", "bad-raw", "id"]
+
+
+@given(messages, st.sampled_from(_HOWS))
 def test_broken_messages_are_refused_naming_the_field(msg: dict[str, Any], how: str) -> None:
     field = {
         "no-kind": "message.parts[0]",
@@ -89,6 +96,7 @@ def test_broken_messages_are_refused_naming_the_field(msg: dict[str, Any], how: 
         "role": "message.role",
         "no-parts": "message.parts",
         "bad-text": "message.parts[0].text",
+        "bad-raw": "message.parts[0].raw",
         "id": "message.messageId",
     }[how]
     if how == "no-kind":
@@ -101,6 +109,8 @@ def test_broken_messages_are_refused_naming_the_field(msg: dict[str, Any], how: 
         msg["parts"] = []
     elif how == "bad-text":
         msg["parts"][0] = {"text": 5}
+    elif how == "bad-raw":
+        msg["parts"][0] = {"raw": "not base64!", "filename": "f.bin"}
     else:
         msg["messageId"] = ""
     with pytest.raises(InvalidParams) as err:
@@ -173,3 +183,97 @@ def test_list_request_defaults_and_limits() -> None:
         requests.parse_list({"statusTimestampAfter": "0001-01-01T00:00:00+01:00"})
     after = requests.parse_list({"statusTimestampAfter": "2026-01-01T05:00:00+05:00"})
     assert after.status_timestamp_after == "2026-01-01T00:00:00+00:00"
+
+
+# -- one Part rule, two readers: the door and a program's stdout = "parts" --------------------
+
+_B64_FORMS = [
+    re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"),
+    re.compile(r"(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?"),
+    re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2,3})?"),
+    re.compile(r"(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?"),
+]
+"""Bytes in ProtoJSON: "standard or URL-safe base64 encoding with/without paddings"."""
+
+
+def emitted_form(part: Any) -> Any:
+    """``part`` with the door's documented leniencies undone (docs/a2a.md, "Parts"): the
+    proto name ``media_type`` renamed, a ``null`` other than data's dropped, fields A2A
+    does not define dropped, and a ``raw`` in one of the four forms re-encoded as standard
+    padded base64 — what the same part is in the form melchior emits."""
+    if not isinstance(part, dict):
+        return part
+    p = {("mediaType" if k == "media_type" else k): v for k, v in part.items()}
+    p = {k: v for k, v in p.items() if k in A2A_PART_KEYS and (v is not None or k == "data")}
+    raw = p.get("raw")
+    if isinstance(raw, str) and any(f.fullmatch(raw) for f in _B64_FORMS):
+        unified = raw.replace("-", "+").replace("_", "/")
+        p["raw"] = base64.b64encode(base64.b64decode(unified + "=" * (-len(raw) % 4))).decode()
+    return p
+
+
+def _door(part: Any) -> tuple[bool, str | None, Any]:
+    """The relay's door on a message carrying ``part`` as its JSON text: accepted, the
+    field it names (within the part) when not, and the part's JSON as stored."""
+    body = jsontext.dumps({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [part]}})
+    try:
+        req = requests.parse_send(jsontext.loads(body))
+    except InvalidParams as exc:
+        path = exc.violations[0][0]
+        assert path.startswith("message.parts[0]"), path
+        return False, path.removeprefix("message.parts[0]").removeprefix(".") or None, None
+    return True, None, jsontext.dumps(req.message["parts"][0])
+
+
+def _program(part: Any) -> tuple[bool, str | None]:
+    """The command runtime on a program that printed ``[part]``: accepted, and the field
+    its reason names."""
+    parts, why = stdout_parts(jsontext.dumps([part]))
+    if parts is not None:
+        return True, None
+    reason = why.removeprefix("part 0 of its stdout: ")
+    head, sep, _ = reason.partition(": ")
+    return False, head if sep and head in A2A_PART_KEYS else None
+
+
+_b64ish = st.text(alphabet="AQgw+/-_= !", max_size=10) | st.builds(
+    lambda b, url, pad: (
+        (base64.urlsafe_b64encode if url else base64.b64encode)(b)
+        .decode()
+        .rstrip("" if pad else "=")
+    ),
+    st.binary(max_size=12),
+    st.booleans(),
+    st.booleans(),
+)
+_part_values = st.none() | st.integers() | st.text(max_size=5) | _b64ish | json_values
+_part_keys = st.sampled_from([*sorted(A2A_PART_KEYS), "media_type", "kind", "mimeType"])
+_others = st.dictionaries(
+    _part_keys.filter(lambda k: k not in ("text", "url", "data")), _part_values, max_size=3
+)
+_one_kind = st.builds(
+    lambda k, v, rest: {k: v, **rest},
+    st.sampled_from(["text", "url", "data", "raw"]),
+    _part_values,
+    _others,
+)
+generated_parts = _one_kind | st.dictionaries(_part_keys, _part_values, max_size=4) | json_values
+
+
+@given(generated_parts)
+def test_the_door_and_the_command_runtime_agree_modulo_the_documented_differences(
+    part: Any,
+) -> None:
+    assume(not (isinstance(part, dict) and {"media_type", "mediaType"} <= set(part)))
+    door_ok, door_field, stored = _door(part)
+    program_ok, program_field = _program(emitted_form(part))
+    assert (door_ok, door_field) == (program_ok, program_field), (part, emitted_form(part))
+    if door_ok:  # kept as sent: values untouched, the proto name renamed
+        renamed = {("mediaType" if k == "media_type" else k): v for k, v in part.items()}
+        assert stored == jsontext.dumps(renamed)
+    if _program(part)[0]:  # what melchior emits, the door reads unchanged
+        assert _door(part) == (True, None, jsontext.dumps(part))
+
+
+def test_both_spellings_of_media_type_are_refused_at_the_door_naming_it() -> None:
+    assert _door({"text": "a", "media_type": "a", "mediaType": "b"})[:2] == (False, "mediaType")

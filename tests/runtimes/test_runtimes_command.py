@@ -232,9 +232,12 @@ def test_a_program_answers_with_a2a_parts(tmp_path: Path) -> None:
         ("[]", "not a non-empty JSON array"),
         ('{"text": "hi"}', "not a non-empty JSON array"),
         ('[{"text": "a", "data": 1}]', "part 0 of its stdout: a part carries exactly one of"),
-        ('[{"text": "a"}, {"raw": "***"}]', "part 1 of its stdout: a part's raw is its bytes"),
-        ('[{"text": "a", "kind": "text"}]', "a part has no field 'kind'"),
-        ('[{"url": 7}]', "a part's url is a string"),
+        ('[{"text": "a"}, {"raw": "***"}]', "part 1 of its stdout: raw: must be its bytes in"),
+        ('[{"raw": "aGk"}]', "raw: must be its bytes in standard base64 with padding"),
+        ('[{"raw": "aGk-"}]', "raw: must be its bytes in standard base64 with padding"),
+        ('[{"text": "a", "kind": "text"}]', "kind: is not a field of a part"),
+        ('[{"text": "a", "filename": null}]', "filename: must be a string, got null"),
+        ('[{"url": 7}]', "part 0 of its stdout: url: must be a string, got number"),
     ],
 )
 def test_parts_that_are_not_a2a_parts_fail_the_turn_naming_why(

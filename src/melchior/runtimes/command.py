@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from melchior.a2a_message import part_problem, text_of
+from melchior.a2a_message import PartError, read_part, text_of
 from melchior.policy import route_options as ro
 from melchior.runtimes.base import (
     COMPLETED,
@@ -161,9 +161,10 @@ def stdout_parts(text: str) -> tuple[list[dict[str, Any]] | None, str]:
     if not isinstance(parts, list) or not parts:
         return None, "its stdout is not a non-empty JSON array of A2A parts"
     for i, part in enumerate(parts):
-        problem = part_problem(part)
-        if problem is not None:
-            return None, f"part {i} of its stdout: {problem}"
+        try:
+            read_part(part, wire=False)  # what melchior emits: ProtoJSON's canonical form
+        except PartError as exc:
+            return None, f"part {i} of its stdout: {exc}"
     return parts, text_of(parts)
 
 

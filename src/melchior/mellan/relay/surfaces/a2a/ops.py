@@ -43,15 +43,23 @@ async def encoded(relay: Relay, op_name: str, answer: dict[str, Any]) -> list[by
     return jsontext.dumpb_chunks(answer)
 
 
+async def _read_send(relay: Relay, params: Any, request: Request) -> requests.SendRequest:
+    """The send's request, checked where its body was parsed: a big body's on a worker
+    thread, since reading it is in proportion to its size (every ``raw`` part's base64)."""
+    if parsed_inline(request):
+        return requests.parse_send(params, inline=True)
+    return await relay.call(requests.parse_send, params, inline=False)
+
+
 async def send_message(relay: Relay, caller: Caller, params: Any, request: Request) -> Result:
-    req = requests.parse_send(params, inline=parsed_inline(request))
+    req = await _read_send(relay, params, request)
     return await tasks.send_blocking(relay, caller, req, request.is_disconnected)
 
 
 async def send_streaming_message(
     relay: Relay, caller: Caller, params: Any, request: Request
 ) -> Result:
-    req = requests.parse_send(params, inline=parsed_inline(request))
+    req = await _read_send(relay, params, request)
     return await tasks.send_streaming(relay, caller, req)
 
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
+from melchior.a2a_message import PartError, json_kind, read_part
 from melchior.mellan.rawjson import whole
 from melchior.mellan.relay.store.base import NewPush
 from melchior.mellan.relay.surfaces.a2a.errors import InvalidParams
 from melchior.mellan.relay.surfaces.a2a.timefmt import parse_ts
 from melchior.policy.outbound import MAX_URL
 
-PART_KINDS = ("text", "raw", "url", "data")
 TASK_STATES = (
     "TASK_STATE_SUBMITTED",
     "TASK_STATE_WORKING",
@@ -45,9 +44,10 @@ MAX_SECRET = 4096
 
 
 # -- ProtoJSON names: every field in lowerCamelCase or in the proto's snake_case ------------------
+# (a Part's are the Part rule's: melchior.a2a_message.PART_PROTO_NAMES)
 
 _SNAKE = (
-    "message_id", "context_id", "task_id", "reference_task_ids", "media_type",
+    "message_id", "context_id", "task_id", "reference_task_ids",
     "accepted_output_modes", "history_length", "return_immediately",
     "task_push_notification_config", "page_size", "page_token",
     "status_timestamp_after", "include_artifacts", "push_notification_config",
@@ -79,7 +79,7 @@ def _bad(field_name: str, why: str) -> InvalidParams:
 
 def _obj(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _bad(name, f"must be an object, got {_kind(value)}")
+        raise _bad(name, f"must be an object, got {json_kind(value)}")
     return value
 
 
@@ -95,7 +95,7 @@ def _opt_str(parent: Mapping[str, Any], key: str, name: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _bad(name, f"must be a string, got {_kind(value)}")
+        raise _bad(name, f"must be a string, got {json_kind(value)}")
     return value
 
 
@@ -107,20 +107,6 @@ def _str_list(parent: Mapping[str, Any], key: str, name: str) -> None:
         raise _bad(name, "must be a list of strings")
     if len(value) > MAX_LIST or any(len(v) > 2048 for v in value):
         raise _bad(name, f"must hold at most {MAX_LIST} strings of at most 2048 characters")
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float | Decimal):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def opt_int(value: Any, name: str, *, minimum: int = 0, maximum: int = INT32_MAX) -> int | None:
@@ -153,23 +139,13 @@ def opt_bool(value: Any, name: str) -> bool | None:
 
 
 def check_part(part: Any, name: str) -> dict[str, Any]:
-    """Validate one Part; return it with its fields named in lowerCamelCase."""
-    p = camel(_obj(part, name), name)
-    # ``data`` is a google.protobuf.Value, so ``"data": null`` is a null value, not absence
-    present = [k for k in PART_KINDS if k in p and (k == "data" or p[k] is not None)]
-    if len(present) != 1:
-        raise _bad(
-            name,
-            "a part carries exactly one of text, raw, url, data"
-            + (f" (found {', '.join(present)})" if present else ""),
-        )
-    (kind,) = present
-    if kind in ("text", "raw", "url") and not isinstance(p[kind], str):
-        raise _bad(f"{name}.{kind}", f"must be a string, got {_kind(p[kind])}")
-    _opt_obj(p, "metadata", f"{name}.metadata")
-    _opt_str(p, "filename", f"{name}.filename")
-    _opt_str(p, "mediaType", f"{name}.mediaType")
-    return p
+    """One Part as a ProtoJSON parser reads it (:func:`melchior.a2a_message.read_part`,
+    ``wire=True``), returned with its fields named in lowerCamelCase; refused naming the
+    field at fault (``message.parts[0].raw``)."""
+    try:
+        return read_part(part, wire=True)
+    except PartError as exc:
+        raise _bad(exc.path(name), exc.why) from None
 
 
 def check_message(message: Any, name: str = "message") -> dict[str, Any]:
@@ -192,13 +168,7 @@ def check_message(message: Any, name: str = "message") -> dict[str, Any]:
         raise _bad(f"{name}.parts", "must be a non-empty list of parts")
     if len(parts) > MAX_PARTS:
         raise _bad(f"{name}.parts", f"must hold at most {MAX_PARTS} parts, got {len(parts)}")
-    parts = [
-        camel(_obj(part, f"{name}.parts[{i}]"), f"{name}.parts[{i}]")
-        for i, part in enumerate(parts)
-    ]
-    m["parts"] = parts
-    for i, part in enumerate(parts):
-        check_part(part, f"{name}.parts[{i}]")
+    m["parts"] = [check_part(part, f"{name}.parts[{i}]") for i, part in enumerate(parts)]
     for key in ("taskId", "contextId"):
         value = _bounded_id(m, key, f"{name}.{key}")
         if value == "":
