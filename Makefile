@@ -55,6 +55,8 @@ bump-clis: $(STAMP)
 # Four on a 2-core machine: most tests wait on subprocesses, sockets and databases (with
 # two workers the suite kept 1.15 cores busy, with four 1.7), so four take 11 minutes where
 # two took 18 (docs/benchmarks.md, "The test suite's wall time").
+# A worker that runs out of tests takes some of another's queue (--dist worksteal), so the
+# run does not end on one worker still holding a few long ones.
 PYTEST_WORKERS ?= 4
 
 # The suite starts about two thousand Python processes (relays, receivers, commands,
@@ -64,7 +66,7 @@ PYTEST_WORKERS ?= 4
 # a test run writes the bytecode caches (__pycache__/, ignored by git) whatever it says.
 test: $(STAMP) js-sdk clis
 	PYTHONDONTWRITEBYTECODE= A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) MELCHIOR_CLI_DIR=$(abspath $(CLI_DIR)) \
-		$(BIN)/pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS)) $(PYTEST_ARGS)
+		$(BIN)/pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
 
 # The soak runs at full size (10,000 tasks through processes and replicas), left out of
 # `make test`, which runs their short versions.

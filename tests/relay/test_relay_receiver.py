@@ -226,9 +226,12 @@ def test_a_long_poll_whose_receiver_died_leases_nothing(relay: RelayProc, store:
         ok(c.get("/healthz"))
     assert conn.sock is not None
     conn.sock.close()  # the receiver is gone: its connection closes under the long-poll
+    # The long-poll checks for its caller before each read, at least once a poll interval
+    # (1 s). The task comes after the first read that began once the close was seen: a
+    # task committed while a read that began before it is in flight can still be leased
+    # (that read had no way to know), which is not what this test is about.
+    time.sleep(1.5)
     task_id = enqueue(store)
-    # The dead long-poll reads the store again at least once a poll interval (1 s): wait
-    # for that read to have happened, then for the task to be as we assert it.
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         assert task(relay, task_id)["state"] == "queued"
