@@ -16,7 +16,9 @@ What lives here, and nowhere else:
 - **Audit records** of queue and control-plane decisions, written in the transaction of
   the change they record (:class:`._common.Note`).
 - **Which wake-ups to publish** after the commit: ``receiver_topic`` when work may have
-  become claimable, ``task_topic`` on every task change, ``audit_topic`` when the log grew.
+  become claimable, ``task_topic`` on every task change (not its creation: nobody waits
+  on a task not yet made but the blocking send that made it, which holds the row and
+  would only be woken to read it back), ``audit_topic`` when the log grew.
 - **Validation** the SQL cannot express (a grant names two agents of the workspace, …).
 
 Statements that need the database clock (lease expiries, ``run_after``) read it in the
@@ -474,7 +476,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
             return []
         # Every caller message goes in the ledger first: a messageId already there (a
         # resend, or a reuse the door will name) stores no second task.
-        ids = [C.new_id() for _ in tasks]
+        ids = [t.id or C.new_id() for t in tasks]
         keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
         fresh = tx.insert_messages(
             [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
@@ -487,9 +489,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
         for k, task in enumerate(tasks):
             row = rows.get(k)
             if row is not None:
-                tx.topics += [
-                    receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
-                ]  # fmt: skip
+                tx.topics.append(receiver_topic(task.workspace, task.receiver))
                 if task.push is not None:
                     self._add_push(
                         tx, task.workspace, row["id"], task.caller, task.push,
