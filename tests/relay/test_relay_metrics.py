@@ -439,6 +439,44 @@ def test_a_blocking_send_reads_its_new_task_only_when_woken(db_url: str) -> None
         assert "_read" in asked  # read when woken by the claim or the completion
 
 
+def test_a_blocking_send_is_woken_by_its_task_ending_not_by_its_claim_or_progress(
+    db_url: str,
+) -> None:
+    """A blocking send waits for its task to stop (the store's stop topic), so the claim
+    and a progress event, which cannot end the wait, do not have it read the task (each
+    did: a thread hop and two queries beside the claim's answer). The completion ends it.
+    Ordered, not timed: a wake-up published by the claim's or the report's commit reaches
+    the send before that request's coroutine can answer, so once the answer is in hand
+    the read it would have caused has been asked for."""
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        relay = server.relay
+        real_call = relay.call
+        asked: list[str] = []
+
+        async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            asked.append(getattr(fn, "__name__", ""))
+            return await real_call(fn, *args, **kwargs)
+
+        relay.call = call  # type: ignore[method-assign]
+        try:
+            out: list[Any] = []
+            sender = blocking_send(server, world, out)
+            got = receiver(server, world, "/claim", {"limit": 1, "wait": 20})["leases"]
+            task_id, epoch = got[0]["task"]["id"], got[0]["epoch"]
+            status = {"epoch": epoch, "kind": "status", "body": {"text": "working"}}
+            receiver(server, world, f"/tasks/{task_id}/progress", status)
+            assert "_read" not in asked  # neither the claim nor the progress woke it
+            done = {"epoch": epoch, "result": {}}
+            receiver(server, world, f"/tasks/{task_id}/complete", done)
+            sender.join(30)
+        finally:
+            del relay.call
+        assert out[0].status_code == 200, out[0].text
+        assert out[0].json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert asked.count("_read") == 1  # once, woken by the completion
+
+
 def test_a_completion_right_after_the_accept_wakes_the_blocking_send(db_url: str) -> None:
     """The race the early listening exists for: the task is claimed and completed right
     after the accept's commit, before the send has taken the accept's answer. With no

@@ -19,7 +19,8 @@ Wake-ups: a store never talks to a notifier itself. The relay hands it a callbac
 ``set_publisher(notifier.publish)``; after each transaction *commits* the store calls it
 with ``receiver_topic(workspace, receiver)`` when work may have become claimable
 (enqueue, retry, reclaim, a session head finishing, a cancel freeing a session) and with
-``task_topic(task_id)`` on every task state change or stored event — not on a task's
+``task_topic(task_id)`` on every task state change or stored event, and
+``task_stop_topic(task_id)`` when the change ends it or asks for input — not on a task's
 creation: nobody can wait on a task not yet made but its own blocking send, which listens
 from before the commit and holds the row it is handed. The callback runs on
 the calling thread and must not block; a hint it drops costs only latency.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from melchior.mellan.relay.context import Relay
-from melchior.mellan.relay.notify import task_topic
+from melchior.mellan.relay.notify import task_stop_topic, task_topic
 from melchior.mellan.relay.store.base import (
     Outcome,
     Store,
@@ -127,11 +127,13 @@ async def send_blocking(
     ``listen``), so the row the accept returned is its state until a wake-up says
     otherwise: the first look costs no thread hop and no read — which ran beside the
     receiver's claim of the same task, on the path the caller waits for (docs/benchmarks.md,
-    issue 25, the relay's own path)."""
+    issue 25, the relay's own path). It waits on the task's stop topic
+    (:func:`~melchior.mellan.relay.topics.task_stop_topic`), not on every change: the
+    claim and progress that cannot end the wait wake nothing here."""
     early: list[Waker] = []
 
     def listen(task_id: str) -> None:
-        waker = Waker(relay.notifier, task_topic(task_id), relay.poll_interval)
+        waker = Waker(relay.notifier, task_stop_topic(task_id), relay.poll_interval)
         waker.arm_now()
         early.append(waker)
 
@@ -149,7 +151,7 @@ async def send_blocking(
         seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
         return await answer(relay, seen or Seen(task, [], []), req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
-    topic = task_topic(task.id)
+    topic = task_stop_topic(task.id)
     waker = next((w for w in early if w.topic == topic), None)
     for w in early:
         if w is not waker:
