@@ -41,14 +41,13 @@ STORE_THREADS = 40
 per event loop before; a long-poll or a stream holds no thread while it waits)."""
 
 
-
 class StorePool:
     """Threads for store calls: a call is queued at once, from the event loop, and its
     result comes back with one ``call_soon_threadsafe``. Nothing else: no limiter or
-    cancel scope to pass on the loop (anyio's), no idle semaphore whose lock the loop and
-    the threads contend for (``ThreadPoolExecutor``'s: measured, more context switches per
-    task than anyio's). A thread is started when none waits, up to ``size``; threads are
-    daemons, as a call still running when the process ends has nobody to answer."""
+    cancel scope to pass on the loop (anyio's), no locks and semaphore per call
+    (``ThreadPoolExecutor``'s). A thread is started when none waits, up to ``size``;
+    threads are daemons, as a call still running when the process ends has nobody to
+    answer (a commit is atomic either way)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
