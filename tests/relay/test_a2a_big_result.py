@@ -28,7 +28,7 @@ from a2a.utils.constants import TransportProtocol
 from melchior.mellan import rawjson
 from melchior.mellan.client.receiver import ReceiverClient
 from melchior.mellan.relay.store.base import CredentialKind, Principal, Store, Task, TaskState
-from melchior.mellan.relay.surfaces.a2a import jsontext, listing, tasks, views
+from melchior.mellan.relay.surfaces.a2a import jsontext, listing, ops, tasks, views
 from melchior.mellan.relay.surfaces.a2a.access import Caller
 from melchior.mellan.relay.surfaces.a2a.paths import Target
 from melchior.mellan.relay.surfaces.a2a.requests import parse_list
@@ -253,3 +253,42 @@ def test_a_kept_answer_is_parsed_and_encoded_once_across_views() -> None:
     third = jsontext.dumpb_chunks(tasks._view(other))
     assert not any(third[i] is first[i] for i in big)
     assert b"".join(third) == b"".join(first)
+
+
+def test_a_small_answer_is_encoded_on_the_loop_a_big_one_on_a_worker_thread() -> None:
+    """Where a task-carrying answer's bytes are made: a small SendMessage answer on the
+    event loop (a worker-thread hop costs more than encoding it, and it is on the path a
+    blocking caller waits for), one of a MiB on a worker thread, as before —
+    the same bytes either way. Real views and encoder; the hops are recorded where they run."""
+    small_result = jsontext.dumps({"message": {"role": "ROLE_AGENT", "parts": [{"text": "ok"}]}})
+    big_result = jsontext.dumps({"message": {"role": "ROLE_AGENT", "parts": [{"text": "é" * MIB}]}})
+    hops: list[int] = []
+
+    async def go(result: str) -> tuple[int, dict[str, Any], list[bytes]]:
+        async def call(fn: Any, *args: Any) -> Any:
+            def run() -> Any:
+                hops.append(threading.get_ident())
+                return fn(*args)
+
+            return await asyncio.to_thread(run)
+
+        fake = types.SimpleNamespace(call=call)
+        answer = tasks._answer(tasks.Seen(_task(result), [], []), None)
+        chunks = await ops.encoded(fake, "SendMessage", answer)  # type: ignore[arg-type]
+        return threading.get_ident(), answer, chunks
+
+    _, small, chunks = asyncio.run(go(small_result))
+    assert hops == []  # encoded where the answer was made
+    assert b"".join(chunks) == jsontext.dumpb(small)
+    loop_thread, big, chunks = asyncio.run(go(big_result))
+    assert len(hops) == 1
+    assert hops[0] != loop_thread
+    assert b"".join(chunks) == jsontext.dumpb(big)
+
+
+def test_within_counts_text_to_the_limit() -> None:
+    """The size check counts stored text and strings (and one per value), stops once over."""
+    value = {"a": [rawjson.Raw('"' + "x" * 98 + '"'), "yz", 3]}
+    size = 1 + 2 + 1 + 101 + 3 + 1  # the dict, "a", the list, the Raw, "yz", 3: one each + text
+    assert jsontext.within(value, size)
+    assert not jsontext.within(value, size - 1)

@@ -126,3 +126,40 @@ def test_listener_cut_wakes_waiters_and_reconnects(pg_url: str) -> None:
             await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_replica_drops_its_own_notifications_coming_back(pg_url: str) -> None:
+    """A publish wakes this replica's waiters at once, and only once: its NOTIFY coming back
+    on its own LISTEN connection wakes nobody again (each echo woke every waiter of the
+    topic a second time — a blocking send's read, a receiver's empty claim). Other
+    replicas are still woken. Ordered, not timed: the echo was committed before the other
+    replica's marker, and notifications arrive in commit order, so once the marker has
+    woken us the echo has been seen."""
+
+    async def main() -> None:
+        a, b = PgNotifier(pg_url), PgNotifier(pg_url)
+        await a.start()
+        await b.start()
+        try:
+            first = a.listen("task:x", 60)
+            from_a = b.listen("task:x", 60)
+            a.publish("task:x")
+            assert await first is True  # locally, at once
+            again = a.listen("task:x", 60)  # would be woken by the echo
+            assert await from_a is True  # the other replica hears it
+            marker = a.listen("task:marker", 60)
+            for _ in range(2000):  # a's NOTIFY has committed (bounded by tries)
+                if a.sent >= 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert a.sent >= 1
+            b.publish("task:marker")
+            assert await marker is True  # b's notification reached a ...
+            assert not again.done()  # ... and a's own, before it, woke nobody
+            assert a.echoes >= 1
+            again.cancel()
+        finally:
+            await a.stop()
+            await b.stop()
+
+    asyncio.run(main())

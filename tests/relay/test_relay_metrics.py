@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,146 @@ def test_a_record_written_during_the_audit_read_wakes_the_long_poll(db_url: str)
         assert len(wrote) == 1
         assert [r["action"] for r in got["records"]] == ["test.race"]
         assert True in woken
+
+
+def blocking_send(server: Server, world: World, out: list[Any]) -> threading.Thread:
+    """A blocking SendMessage in a thread of its own; its response lands in ``out``."""
+    body = {"message": message("hello", metadata={"capability": CAPS[0]})}
+    auth = {"Authorization": f"Bearer {world.tokens['caller']}"}
+
+    def go() -> None:
+        url = f"{server.base()}/message:send"
+        out.append(httpx.post(url, json=body, headers={**H, **auth}, timeout=30))
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
+
+
+def test_a_blocking_send_reads_its_new_task_only_when_woken(db_url: str) -> None:
+    """A blocking send listens for its new task from before the accept's commit, so the
+    row the accept returned is the task's state: it does not read the task back at once
+    (a thread hop and two queries beside the receiver's claim of it, on the path the
+    caller waits for), and the accept itself wakes nothing of the task. Ordered, not
+    timed: the send's first step after the accept runs on the event loop before an audit
+    long-poll woken by that same commit can answer, so once the accept's record is in
+    hand a read back would have been asked for already."""
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0  # only wake-ups: no periodic reads
+        relay = server.relay
+        real_call, real_listen = relay.call, server.notifier.listen
+        asked: list[str] = []
+        listened: list[str] = []
+
+        async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            asked.append(getattr(fn, "__name__", ""))
+            return await real_call(fn, *args, **kwargs)
+
+        def listen(topic: str, timeout: float) -> Any:
+            listened.append(topic)
+            return real_listen(topic, timeout)
+
+        owner = {"Authorization": f"Bearer {world.tokens['owner']}"}
+        after = httpx.get(f"{server.url}/api/audit", headers=owner).json()["next"]
+        relay.call = call  # type: ignore[method-assign]
+        server.notifier.listen = listen  # type: ignore[method-assign]
+        try:
+            records: list[Any] = []
+
+            def audit_long_poll() -> None:
+                params = {"after": after, "wait": 20}
+                got = httpx.get(f"{server.url}/api/audit", headers=owner, params=params)
+                records.extend(got.json()["records"])
+
+            marker = threading.Thread(target=audit_long_poll)
+            marker.start()
+            for _ in range(2000):  # the long-poll is waiting (bounded by tries, not time)
+                if any(t.startswith("audit:") for t in listened):
+                    break
+                time.sleep(0.005)
+            out: list[Any] = []
+            sender = blocking_send(server, world, out)
+            marker.join(30)
+            assert [r["action"] for r in records] == ["task.accept"]
+            assert "_read" not in asked  # the new task was not read back
+            task_id, epoch = claim(server, world)
+            done = {"epoch": epoch, "result": {}}
+            receiver(server, world, f"/tasks/{task_id}/complete", done)
+            sender.join(30)
+        finally:
+            del relay.call, server.notifier.listen
+        assert out[0].status_code == 200, out[0].text
+        assert out[0].json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert "_read" in asked  # read when woken by the claim or the completion
+
+
+def test_a_blocking_send_is_woken_by_its_task_ending_not_by_its_claim_or_progress(
+    db_url: str,
+) -> None:
+    """A blocking send waits for its task to stop (the store's stop topic), so the claim
+    and a progress event, which cannot end the wait, do not have it read the task (each
+    did: a thread hop and two queries beside the claim's answer). The completion ends it.
+    Ordered, not timed: a wake-up published by the claim's or the report's commit reaches
+    the send before that request's coroutine can answer, so once the answer is in hand
+    the read it would have caused has been asked for."""
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        relay = server.relay
+        real_call = relay.call
+        asked: list[str] = []
+
+        async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            asked.append(getattr(fn, "__name__", ""))
+            return await real_call(fn, *args, **kwargs)
+
+        relay.call = call  # type: ignore[method-assign]
+        try:
+            out: list[Any] = []
+            sender = blocking_send(server, world, out)
+            got = receiver(server, world, "/claim", {"limit": 1, "wait": 20})["leases"]
+            task_id, epoch = got[0]["task"]["id"], got[0]["epoch"]
+            status = {"epoch": epoch, "kind": "status", "body": {"text": "working"}}
+            receiver(server, world, f"/tasks/{task_id}/progress", status)
+            assert "_read" not in asked  # neither the claim nor the progress woke it
+            done = {"epoch": epoch, "result": {}}
+            receiver(server, world, f"/tasks/{task_id}/complete", done)
+            sender.join(30)
+        finally:
+            del relay.call
+        assert out[0].status_code == 200, out[0].text
+        assert out[0].json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert asked.count("_read") == 1  # once, woken by the completion
+
+
+def test_a_completion_right_after_the_accept_wakes_the_blocking_send(db_url: str) -> None:
+    """The race the early listening exists for: the task is claimed and completed right
+    after the accept's commit, before the send has taken the accept's answer. With no
+    periodic read (the poll interval is an hour) only a wake-up it was already listening
+    for can end the send: one armed after the accept would have missed it."""
+    with running(db_url, receiver=False) as (server, world, _):
+        server.relay.poll_interval = 3600.0
+        store = server.store
+        real_admit = store.admit
+        raced: list[str] = []
+
+        def admit_then_finish(tasks: Any) -> Any:
+            stored = real_admit(tasks)
+            if not raced:
+                (lease,) = store.claim(WS, RECEIVER, "racer")
+                store.complete(lease.task.id, lease.epoch, "{}")
+                raced.append(lease.task.id)
+            return stored
+
+        store.admit = admit_then_finish  # type: ignore[method-assign]
+        try:
+            out: list[Any] = []
+            blocking_send(server, world, out).join(30)
+        finally:
+            del store.admit
+        assert len(raced) == 1
+        assert out[0].status_code == 200, out[0].text
+        got = out[0].json()["task"]
+        assert (got["id"], got["status"]["state"]) == (raced[0], "TASK_STATE_COMPLETED")
 
 
 def test_a_client_gone_mid_body_is_a_normal_end(tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from melchior.mellan.relay.notify import receiver_topic, task_topic
+from melchior.mellan.relay.notify import receiver_topic, task_stop_topic, task_topic
 from melchior.mellan.relay.store import open_store
 from melchior.mellan.relay.store.base import (
     Capability,
@@ -229,7 +230,9 @@ def test_publisher_gets_topics_after_commit(store: Store) -> None:
     store.set_publisher(seen.append)
     t, _ = store.enqueue(new_task())
     assert receiver_topic(WS, RECEIVER) in seen
-    assert task_topic(t.id) in seen
+    # Not the new task's own topic: its only listener is the blocking send that made it,
+    # which holds the row (a wake-up would only have it read the row back).
+    assert task_topic(t.id) not in seen
     seen.clear()
     [lease] = store.claim(WS, RECEIVER, "r1")
     assert task_topic(t.id) in seen
@@ -240,6 +243,37 @@ def test_publisher_gets_topics_after_commit(store: Store) -> None:
     seen.clear()
     store.enqueue(new_task())
     assert seen == []
+
+
+def test_the_stop_topic_is_published_where_a_blocking_send_stops(store: Store) -> None:
+    """``task_stop_topic`` after a commit that ends a task or has it ask for input
+    (completed, failed for good, cancelled), never after one a blocking send cannot stop
+    at (claimed, progress, failed and queued again): those wake only ``task_topic``."""
+    seen: list[str] = []
+    store.set_publisher(seen.append)
+
+    def topics(t: Any, act: Any) -> tuple[bool, bool]:
+        seen.clear()
+        act()
+        return task_topic(t.id) in seen, task_stop_topic(t.id) in seen
+
+    t, _ = store.enqueue(new_task())
+    leases: list[Any] = []
+    assert topics(t, lambda: leases.extend(store.claim(WS, RECEIVER, "r1"))) == (True, False)
+    epoch = leases[0].epoch
+    assert topics(t, lambda: store.progress(t.id, epoch, "status", "{}")) == (True, False)
+    assert topics(t, lambda: store.complete(t.id, epoch, "{}")) == (True, True)
+    u, _ = store.enqueue(new_task())
+    [lease] = store.claim(WS, RECEIVER, "r1")
+    again = lambda: store.fail(u.id, lease.epoch, "again", backoff_seconds=3600)  # noqa: E731
+    assert topics(u, again) == (True, False)  # queued again, an hour on
+    w, _ = store.enqueue(new_task())
+    [lease] = store.claim(WS, RECEIVER, "r1")
+    assert lease.task.id == w.id
+    assert topics(w, lambda: store.fail(w.id, lease.epoch, "no", retryable=False)) == (True, True)
+    v, _ = store.enqueue(new_task())
+    assert topics(v, lambda: store.cancel(WS, v.id)) == (True, True)
+    store.set_publisher(None)
 
 
 def test_open_store_paths(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,11 +6,15 @@ query never stalls the event loop that is holding long-polls and streams open.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import functools
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
-
-from starlette.concurrency import run_in_threadpool
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from melchior.mellan.relay.auth import Credentials
 from melchior.mellan.relay.batch import Batcher
@@ -31,6 +35,75 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+STORE_THREADS = 40
+"""Store calls running at once, per process (what anyio's default thread limiter allowed
+per event loop before; a long-poll or a stream holds no thread while it waits)."""
+
+
+class StorePool:
+    """Threads for store calls: a call is queued at once, from the event loop, and its
+    result comes back with one ``call_soon_threadsafe``. Nothing else: no limiter or
+    cancel scope to pass on the loop (anyio's), no locks and semaphore per call
+    (``ThreadPoolExecutor``'s). A thread is started when none waits, up to ``size``;
+    threads are daemons, as a call still running when the process ends has nobody to
+    answer (a commit is atomic either way)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._waiting: list[None] = []  # one per thread about to wait for a job (atomic ops)
+        self._threads = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``fn``; a future of the running loop for its result."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        try:
+            self._waiting.pop()  # a waiting thread will take it
+        except IndexError:
+            with self._lock:
+                start = self._threads < self.size
+                if start:
+                    self._threads += 1
+            if start:
+                name = f"mellan-store-{self._threads}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._jobs.put((fn, future))
+        return future
+
+    def _work(self) -> None:
+        first = True  # started for a job already queued: it takes one without a token
+        while True:
+            if not first:
+                self._waiting.append(None)
+            first = False
+            fn, future = self._jobs.get()
+            try:
+                outcome: tuple[bool, Any] = (True, fn())
+            except BaseException as exc:  # handed to the caller, whatever it is
+                outcome = (False, exc)
+            del fn
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody to answer
+                future.get_loop().call_soon_threadsafe(_settle, future, outcome)
+            del future, outcome
+
+
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+_STORE_POOL = StorePool(STORE_THREADS)
+"""The threads :meth:`Relay.call` runs store calls on, one pool per process (a relay is one
+replica per process; the tests' several replicas share it)."""
 
 
 @dataclass
@@ -109,9 +182,19 @@ class Relay:
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a (blocking) store call in a worker thread; an unreachable database is
-        counted (``mellan_database_errors_total``) on its way to the 503."""
+        counted (``mellan_database_errors_total``) on its way to the 503.
+
+        The call is handed to its thread at once, in the caller's context (the request id
+        its audit records carry). It was ``run_in_threadpool`` (anyio), which yields to the
+        event loop twice before it queues the call — a checkpoint, then its limiter's — so
+        every store call of a request waited behind all the ready work of the loop, twice,
+        before it even began (docs/benchmarks.md, issue 25, the relay's own path). As
+        there, a caller cancelled meanwhile is cancelled at once and its call runs on to
+        its end in its thread (a commit is still followed by its wake-ups)."""
+        context = contextvars.copy_context()
+        job = _STORE_POOL.submit(functools.partial(context.run, fn, *args, **kwargs))
         try:
-            return await run_in_threadpool(fn, *args, **kwargs)
+            return await job
         except StoreUnavailable:
             self.metrics.db_errors.inc()
             raise

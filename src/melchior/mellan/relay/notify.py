@@ -14,7 +14,13 @@ import asyncio
 from collections import defaultdict
 from typing import Protocol
 
-from melchior.mellan.relay.topics import PUSH_TOPIC, audit_topic, receiver_topic, task_topic
+from melchior.mellan.relay.topics import (
+    PUSH_TOPIC,
+    audit_topic,
+    receiver_topic,
+    task_stop_topic,
+    task_topic,
+)
 
 __all__ = [
     "PUSH_TOPIC",
@@ -22,6 +28,7 @@ __all__ = [
     "Notifier",
     "audit_topic",
     "receiver_topic",
+    "task_stop_topic",
     "task_topic",
 ]
 

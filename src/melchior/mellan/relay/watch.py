@@ -49,8 +49,16 @@ class Waker:
         self._poll = poll
         self._waiter: asyncio.Future[bool] | None = None
 
+    @property
+    def topic(self) -> str:
+        return self._topic
+
     async def arm(self) -> None:
         """Start listening (at once: no loop pass); call before reading the store."""
+        self.arm_now()
+
+    def arm_now(self) -> None:
+        """:meth:`arm` from code that is not a coroutine (a callback run before a commit)."""
         if self._waiter is None:
             self._waiter = self._notifier.listen(self._topic, self._poll)
 

@@ -12,7 +12,11 @@ what makes the choices below safe:
 - one dedicated LISTEN connection per replica (not from the store's pool, which
   would hand it to queries); if it drops, every local waiter is woken to re-read
   (a notification may have been missed meanwhile), and it reconnects with backoff;
-- the publishing replica wakes its own waiters at once, without the round trip.
+- the publishing replica wakes its own waiters at once, without the round trip, and
+  drops its own notifications when they come back on its LISTEN connection (told by the
+  sender's backend pid): each echo woke every waiter of the topic a second time, ~10 ms
+  later — a blocking send's read and a receiver's empty claim transaction per change,
+  on the path of the next task (docs/benchmarks.md, issue 25, the relay's own path).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class PgNotifier:
         self._flush_due = False
         self._listen_conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._pub_conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._pub_pid: int | None = None  # the backend our NOTIFYs come from: its echoes
+        self.echoes = 0  # our own notifications seen coming back, and dropped
         self._listener: asyncio.Task[None] | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -149,6 +155,7 @@ class PgNotifier:
                 self._pub_conn = await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, connect_timeout=5
                 )
+                self._pub_pid = self._pub_conn.info.backend_pid
             await self._pub_conn.execute(
                 "SELECT pg_notify(%s, t) FROM unnest(%s::text[]) AS t", (self.channel, topics)
             )
@@ -182,6 +189,9 @@ class PgNotifier:
                 delay = self.reconnect_delay
                 while True:
                     async for note in conn.notifies(timeout=self.keepalive):
+                        if note.pid == self._pub_pid:  # ours: woken locally when published
+                            self.echoes += 1
+                            continue
                         self._local.publish(note.payload)
                     await conn.execute("SELECT 1")  # a silent dead socket shows up here
             except asyncio.CancelledError:

@@ -19,7 +19,10 @@ Wake-ups: a store never talks to a notifier itself. The relay hands it a callbac
 ``set_publisher(notifier.publish)``; after each transaction *commits* the store calls it
 with ``receiver_topic(workspace, receiver)`` when work may have become claimable
 (enqueue, retry, reclaim, a session head finishing, a cancel freeing a session) and with
-``task_topic(task_id)`` on every task state change or stored event. The callback runs on
+``task_topic(task_id)`` on every task state change or stored event, and
+``task_stop_topic(task_id)`` when the change ends it or asks for input — not on a task's
+creation: nobody can wait on a task not yet made but its own blocking send, which listens
+from before the commit and holds the row it is handed. The callback runs on
 the calling thread and must not block; a hint it drops costs only latency.
 
 Errors: :class:`StoreUnavailable` means the database could not be reached or the
@@ -382,6 +385,11 @@ class NewTask:
     accept: Record | None = None  # recorded (task.accept) when the task is created
     push: NewPush | None = None  # a push config stored with the task (same transaction)
     caps: Caps | None = None  # checked in the enqueue transaction (None: no caps)
+    id: str | None = None
+    """The id the task gets if this stores it (None: the store makes one). The door makes
+    it for a blocking send, which listens for the task's changes *before* the commit: a
+    change right after it cannot be missed, so the send does not read back the row it was
+    just handed (``a2a/tasks.py`` ``send_blocking``)."""
 
 
 @dataclass(frozen=True)

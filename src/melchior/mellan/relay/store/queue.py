@@ -16,7 +16,10 @@ What lives here, and nowhere else:
 - **Audit records** of queue and control-plane decisions, written in the transaction of
   the change they record (:class:`._common.Note`).
 - **Which wake-ups to publish** after the commit: ``receiver_topic`` when work may have
-  become claimable, ``task_topic`` on every task change, ``audit_topic`` when the log grew.
+  become claimable, ``task_topic`` on every task change and ``task_stop_topic`` when it
+  reaches a state a blocking send stops at (not its creation: nobody waits
+  on a task not yet made but the blocking send that made it, which holds the row and
+  would only be woken to read it back), ``audit_topic`` when the log grew.
 - **Validation** the SQL cannot express (a grant names two agents of the workspace, …).
 
 Statements that need the database clock (lease expiries, ``run_after``) read it in the
@@ -55,7 +58,7 @@ from melchior.mellan.relay.store.outbox import PUSH_LIMIT, PushQueue, PushTx
 from melchior.mellan.relay.store.retention import Retention, RetentionTx
 from melchior.mellan.relay.store.routes import RouteQueue, RouteTx
 from melchior.mellan.relay.store.sealed import KeyTx, SealedStore
-from melchior.mellan.relay.topics import audit_topic, receiver_topic, task_topic
+from melchior.mellan.relay.topics import audit_topic, receiver_topic, task_stop_topic, task_topic
 from melchior.policy.send_limits import QUEUED, UNFINISHED, Overrides, cap
 
 T = TypeVar("T")
@@ -474,7 +477,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
             return []
         # Every caller message goes in the ledger first: a messageId already there (a
         # resend, or a reuse the door will name) stores no second task.
-        ids = [C.new_id() for _ in tasks]
+        ids = [t.id or C.new_id() for t in tasks]
         keyed = [k for k, t in enumerate(tasks) if t.message_id is not None]
         fresh = tx.insert_messages(
             [(tasks[k].workspace, tasks[k].caller, tasks[k].message_id or "", ids[k], 1)
@@ -487,9 +490,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
         for k, task in enumerate(tasks):
             row = rows.get(k)
             if row is not None:
-                tx.topics += [
-                    receiver_topic(task.workspace, task.receiver), task_topic(row["id"])
-                ]  # fmt: skip
+                tx.topics.append(receiver_topic(task.workspace, task.receiver))
                 if task.push is not None:
                     self._add_push(
                         tx, task.workspace, row["id"], task.caller, task.push,
@@ -514,7 +515,10 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
             before = tx.lock_task(task_id, workspace) if actor is not None else None
             row = tx.cancel_task(workspace, task_id, self.cancel_grace_ms)
             if row is not None:
-                tx.topics += [receiver_topic(workspace, row["receiver"]), task_topic(task_id)]
+                tx.topics += [
+                    receiver_topic(workspace, row["receiver"]), task_topic(task_id),
+                    task_stop_topic(task_id),
+                ]  # fmt: skip
                 tx.tallies.append("cancelled")
                 task, outcome = C.task_from_row(row), Outcome.OK
             else:
@@ -586,6 +590,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
         for r in rows:
             tx.topics += [receiver_topic(r["workspace"], r["receiver"]), task_topic(r["id"])]
             if r["state"] == "failed":
+                tx.topics.append(task_stop_topic(r["id"]))
                 tx.tallies += ["lease_expired:failed", f"attempts:{r['attempt']}"]
             elif r["state"] == "queued":  # (a cancel's grace running out is no expiry)
                 tx.tallies.append("lease_expired:requeued")
@@ -770,7 +775,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
             tx.tallies += [f"completed:{state}", f"attempts:{r['attempt']}"]
             if fence is not None:
                 notes.append(fence.note(r["workspace"], tid, ep, ok))
-            tx.topics.append(task_topic(tid))
+            tx.topics += [task_topic(tid), task_stop_topic(tid)]  # succeeded or asks for input
             if r["session_key"] is not None:  # the session's next task may be claimable now
                 tx.topics.append(receiver_topic(r["workspace"], r["receiver"]))
         self._notes(tx, notes)
@@ -822,6 +827,7 @@ class QueueStore(ReadQueries, PushQueue, Retention, RouteQueue, SealedStore):
                 self._notes(tx, [fence.note(row["workspace"], task_id, epoch, ok)])
             tx.topics += [receiver_topic(row["workspace"], row["receiver"]), task_topic(task_id)]
             if row["state"] == "failed":
+                tx.topics.append(task_stop_topic(task_id))
                 tx.tallies += ["failed:failed", f"attempts:{row['attempt']}"]
             else:
                 tx.tallies.append("failed:requeued")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
 from melchior.mellan.relay.context import Relay
@@ -404,11 +405,18 @@ class Taken(NamedTuple):
     fresh: bool
 
 
-async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
+async def accept(
+    relay: Relay, caller: Caller, req: SendRequest, listen: Callable[[str], None] | None = None
+) -> Taken:
     """The whole door: decide (refusals audited, nothing stored), then store the task and
     its acceptance record in one transaction (group-committed with concurrent accepts) —
     or start the next turn of a task that asked for input. A messageId already taken is a
-    resend (the same task back) or a reuse (refused by name)."""
+    resend (the same task back) or a reuse (refused by name).
+
+    ``listen`` is called with the id a new task will have, before it is stored: whoever
+    waits for the task's changes starts listening there, so a change committed right
+    after the accept's commit wakes it (the task it gets back may be another, for a
+    resend: then ``fresh`` is false)."""
     decided = await within_limits(relay, caller, req)
     if isinstance(decided, Task):
         return Taken(decided, False)
@@ -418,6 +426,10 @@ async def accept(relay: Relay, caller: Caller, req: SendRequest) -> Taken:
             relay.queued(went.workspace, went.receiver)
             return Taken(went, False)  # a turn on: its earlier turns are there to read
         return Taken(await _not_new(relay, caller, req, went), False)
+    if listen is not None:
+        decided = dataclasses.replace(decided, id=str(uuid.uuid4()))
+        assert decided.id is not None
+        listen(decided.id)
     try:
         stored = await relay.batcher.enqueue(decided)
     except StoreUnavailable as lost:

@@ -16,7 +16,7 @@ from typing import Any
 from melchior.mellan.rawjson import JSONTextError, Raw, decode, encode, encode_pieces
 from melchior.mellan.relay.surfaces.a2a.errors import ParseError
 
-__all__ = ["JSONTextError", "dumpb", "dumpb_chunks", "dumps", "loads"]
+__all__ = ["JSONTextError", "dumpb", "dumpb_chunks", "dumps", "loads", "within"]
 
 
 def loads(data: bytes | str) -> Any:
@@ -81,3 +81,28 @@ def dumpb_chunks(value: Any) -> list[bytes]:
     if small or not out:
         out.append("".join(small).encode("utf-8"))
     return out
+
+
+def within(value: Any, limit: int) -> bool:
+    """Whether ``value`` is small: at most ``limit`` characters of text (stored
+    :class:`~melchior.mellan.rawjson.Raw` and strings) and values, counted until the limit
+    is passed — so the walk itself is bounded by ``limit`` steps whatever the size. Lets an
+    answer that is small be encoded where it is, instead of paying a worker-thread hop that
+    costs more than the encoding (docs/benchmarks.md, issue 25, the relay's own path)."""
+    seen = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, Raw):
+            seen += len(item.text)
+        elif isinstance(item, str):
+            seen += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        if seen > limit:
+            return False
+    return True

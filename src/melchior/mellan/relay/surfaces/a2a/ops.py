@@ -32,13 +32,22 @@ STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 
 CARRY_TASKS = frozenset({"SendMessage", "GetTask", "ListTasks", "CancelTask"})
 """Operations whose answer carries tasks, so can carry a result of many MiB: encoded on a
-worker thread (one thread hop), never on the event loop."""
+worker thread (one thread hop), never on the event loop — unless it is small
+(:data:`INLINE_ENCODE`)."""
+
+INLINE_ENCODE = 64 * 1024
+"""Characters of text in an answer of :data:`CARRY_TASKS` up to which it is encoded on the
+event loop (:func:`~.jsontext.within`; the bound views are built there too,
+``tasks.INLINE_VIEW``): a worker-thread hop is two cross-thread wake-ups, more than
+encoding a few KiB, and a blocking SendMessage's answer is on the path the caller waits
+for (docs/benchmarks.md, issue 25, the relay's own path)."""
 
 
 async def encoded(relay: Relay, op_name: str, answer: dict[str, Any]) -> list[bytes]:
     """The answer's JSON bytes, in chunks (:func:`~.jsontext.dumpb_chunks`, a big stored
-    answer spliced, not re-encoded): off the event loop for :data:`CARRY_TASKS`."""
-    if op_name in CARRY_TASKS:
+    answer spliced, not re-encoded): off the event loop for :data:`CARRY_TASKS` answers
+    bigger than :data:`INLINE_ENCODE`."""
+    if op_name in CARRY_TASKS and not jsontext.within(answer, INLINE_ENCODE):
         return await relay.call(jsontext.dumpb_chunks, answer)
     return jsontext.dumpb_chunks(answer)
 

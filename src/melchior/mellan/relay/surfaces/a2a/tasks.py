@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from melchior.mellan.relay.context import Relay
-from melchior.mellan.relay.notify import task_topic
+from melchior.mellan.relay.notify import task_stop_topic, task_topic
 from melchior.mellan.relay.store.base import (
     Outcome,
     Store,
@@ -121,18 +121,52 @@ async def send_blocking(
     req: SendRequest,
     disconnected: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    task, fresh = await admission.accept(relay, caller, req)
+    """SendMessage: accept, then — unless ``returnImmediately`` — wait until the task ends
+    or is interrupted (or :data:`MAX_BLOCK_SECONDS`, or the caller leaves) and answer with
+    it. A new task is listened for from before its commit (``admission.accept``'s
+    ``listen``), so the row the accept returned is its state until a wake-up says
+    otherwise: the first look costs no thread hop and no read — which ran beside the
+    receiver's claim of the same task, on the path the caller waits for (docs/benchmarks.md,
+    issue 25, the relay's own path). It waits on the task's stop topic
+    (:func:`~melchior.mellan.relay.topics.task_stop_topic`), not on every change: the
+    claim and progress that cannot end the wait wake nothing here."""
+    early: list[Waker] = []
+
+    def listen(task_id: str) -> None:
+        waker = Waker(relay.notifier, task_stop_topic(task_id), relay.poll_interval)
+        waker.arm_now()
+        early.append(waker)
+
+    try:
+        task, fresh = await admission.accept(
+            relay, caller, req, None if req.return_immediately else listen
+        )
+    except BaseException:
+        for w in early:
+            w.close()
+        raise
     if req.return_immediately:
         if fresh:  # stored just now: no events, no earlier turns, nothing to read back
             return await answer(relay, Seen(task, [], []), req.history_length)
         seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
         return await answer(relay, seen or Seen(task, [], []), req.history_length)
     deadline = time.monotonic() + MAX_BLOCK_SECONDS
-    waker = Waker(relay.notifier, task_topic(task.id), relay.poll_interval)
+    topic = task_stop_topic(task.id)
+    waker = next((w for w in early if w.topic == topic), None)
+    for w in early:
+        if w is not waker:
+            w.close()
+    # Listened for since before its commit and stored just now: the row is the state.
+    known: Seen | None = Seen(task, [], []) if fresh and waker is not None else None
+    if waker is None:
+        waker = Waker(relay.notifier, topic, relay.poll_interval)
     try:
         while True:
-            await waker.arm()
-            seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
+            seen = known
+            known = None
+            if seen is None:
+                await waker.arm()
+                seen = await relay.call(_read, relay.store, task.workspace, task.id, 0)
             if seen is None:  # vanished (retention); report what was accepted
                 return {"task": views.task_view(task, history_length=req.history_length)}
             if views.ends_stream(seen.task.state) or time.monotonic() >= deadline:
