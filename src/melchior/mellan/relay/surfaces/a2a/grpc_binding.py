@@ -300,7 +300,20 @@ async def _prepare(
     request = _request(context.invocation_metadata(), name, len(raw), context)
     http.check_version(request)
     caller = await authenticate(relay, request, target)
+    left = context.time_remaining()
+    if left is not None and left <= 0:
+        raise _DeadlinePassed
     return await OPERATIONS[name](relay, caller, params, request)
+
+
+class _DeadlinePassed(Exception):
+    """The call's deadline passed before its operation began: it is not run. Its caller
+    has stopped waiting (a deadline of 0 is spent on arrival) and would never learn what
+    a send it gave up on did; what began before the deadline runs to its end, as a gRPC
+    deadline promises nothing either way."""
+
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
+    sentence = "the call's deadline passed before it was run: nothing was done"
 
 
 def _unary(relay: Relay, name: str, rpc: Rpc) -> Callable[..., Awaitable[bytes]]:
@@ -309,6 +322,10 @@ def _unary(relay: Relay, name: str, rpc: Rpc) -> Callable[..., Awaitable[bytes]]
             try:
                 answer = await _prepare(relay, name, rpc, raw, context)
                 out = await _reply(relay, name, rpc, answer)
+            except _DeadlinePassed:
+                call.done(_DeadlinePassed.status.name)
+                await context.abort(_DeadlinePassed.status, _DeadlinePassed.sentence)
+                raise  # not reached: abort raises
             except Exception as exc:  # every refusal rendered as a status, never a traceback
                 err = translate(exc)
                 call.done(err.grpc)
@@ -335,6 +352,9 @@ def _streaming(relay: Relay, name: str, rpc: Rpc) -> Callable[..., AsyncIterator
                     yield message
             except asyncio.CancelledError:
                 raise  # the caller went away: the shared watch forgets this stream
+            except _DeadlinePassed:
+                call.done(_DeadlinePassed.status.name)
+                await context.abort(_DeadlinePassed.status, _DeadlinePassed.sentence)
             except Exception as exc:
                 err = translate(exc)
                 call.done(err.grpc)
