@@ -470,8 +470,12 @@ def _written(data: Any) -> set[str]:
 
 
 def _values(argv: list[str], flag: str, variadic: bool = False) -> list[str]:
+    """The values given to ``flag`` in ``argv``; ``argv[0]`` is the program, whatever it
+    is named (a binary this machine called ``--add-dir`` is not that flag)."""
     out = []
     for i, tok in enumerate(argv):
+        if i == 0:
+            continue
         if tok == flag:
             rest = argv[i + 1 :]
             if not variadic:
