@@ -232,6 +232,31 @@ def test_status_file_and_command(relay: RelayProc, tmp_path: Path) -> None:
     assert "is not running" in after.stdout
 
 
+def test_a_task_that_ended_is_off_the_status_by_the_time_its_caller_hears(
+    relay: RelayProc, tmp_path: Path
+) -> None:
+    """A task's start and end reach the status file at once, not at its next half-second
+    write: ``mellan receiver status`` run as soon as the relay says a task ended shows no
+    task running (it showed the finished one, in docs/receiver.md's walk-through, once
+    the relay's own path got fast)."""
+    import subprocess
+
+    from relay_proc import MELLAN
+
+    net, work, config = setup(relay, tmp_path)
+    worker_route(net, work, tmp_path / "worker.py")
+    with receiving(net, config):
+        for i in range(3):
+            net.settled(net.send(f"quick {i}"))
+            out = subprocess.run(
+                [MELLAN, "receiver", "status", "--json", "--config", str(config)],
+                capture_output=True, text=True, env={**net.relay.env, "RECEIVER_TOKEN": "x"},
+            )  # fmt: skip
+            state = json.loads(out.stdout)
+            assert state["running"] == [], state
+            assert state["finished"] == i + 1, state
+
+
 def test_a_signed_wake_up_makes_it_claim_now_and_a_bad_one_is_refused(
     relay: RelayProc, tmp_path: Path
 ) -> None:

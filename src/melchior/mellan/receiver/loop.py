@@ -51,7 +51,11 @@ EXIT_CONFIG = 78
 """EX_CONFIG: the configuration is wrong. Not restarted either."""
 EXIT_UNREACHABLE = 3
 
+STATE_SOON = 0.05
+"""The least time between two writes of the status file for tasks starting or ending (at
+most 20 a second, however many tasks a second the receiver runs)."""
 STATE_EVERY = 0.5
+"""How often other changes (progress, reports pending) are written, at most."""
 STATE_HEARTBEAT = 5.0
 
 
@@ -191,11 +195,22 @@ class Receiver:
             self._supervising = False
 
     async def _keep_state(self) -> None:
+        """Write the status file: at once when a task starts or ends (``Board.urgent``;
+        at most every ``STATE_SOON``), other changes at most every ``STATE_EVERY``, and
+        every ``STATE_HEARTBEAT`` anyway (its ``updated_at`` says the receiver is alive)."""
+        urged = asyncio.Event()
+        self.board.on_urgent = urged.set
         last = 0.0
         while True:
-            await asyncio.sleep(STATE_EVERY)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(urged.wait(), STATE_EVERY)
+            urged.clear()
             now = time.monotonic()
-            if self.board.dirty or now - last >= STATE_HEARTBEAT:
+            if self.board.urgent and now - last < STATE_SOON:
+                await asyncio.sleep(STATE_SOON - (now - last))
+                now = time.monotonic()
+            due = self.board.dirty and now - last >= STATE_EVERY
+            if self.board.urgent or due or now - last >= STATE_HEARTBEAT:
                 last = now
                 try:
                     await asyncio.to_thread(self.board.save)

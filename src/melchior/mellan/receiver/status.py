@@ -2,9 +2,10 @@
 
 A running receiver keeps ``state.json`` in its state directory up to date (written
 atomically, so ``mellan receiver status`` reads the old state or the new one, never
-half), at most a few times a second. In the foreground it also prints one plain line per
-event — a task taken, its progress, how it ended and whether the relay acknowledged it —
-which is also what the systemd journal keeps when it runs as a service.
+half): at once when a task starts or ends, other changes at most twice a second. In
+the foreground it also prints one plain line per event — a task taken, its progress,
+how it ended and whether the relay acknowledged it — which is also what the systemd
+journal keeps when it runs as a service.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,7 +47,11 @@ class Running:
 
 @dataclass
 class Board:
-    """The receiver's live state; ``dirty`` tells the writer there is something to save."""
+    """The receiver's live state; ``dirty`` tells the writer there is something to save,
+    ``urgent`` that it is a task starting or ending — what ``mellan receiver status`` is
+    asked first — written at the writer's next tick rather than its next half second (a
+    caller's ``send --wait`` returns in milliseconds, and a status read right after it
+    showed the finished task still running)."""
 
     path: Path
     agent: str
@@ -58,6 +64,14 @@ class Board:
     stopped: str | None = None
     done: int = 0
     dirty: bool = True
+    urgent: bool = False
+    on_urgent: Callable[[], None] | None = None
+    """Told when ``urgent`` is set (the writer waits on it instead of ticking)."""
+
+    def _urge(self) -> None:
+        self.dirty = self.urgent = True
+        if self.on_urgent is not None:
+            self.on_urgent()
 
     def say(self, line: str) -> None:
         """One plain line on the terminal (and the journal)."""
@@ -70,7 +84,7 @@ class Board:
 
     def start(self, r: Running) -> None:
         self.running[r.task_id] = r
-        self.dirty = True
+        self._urge()
 
     def progress(self, task_id: str, text: str) -> None:
         r = self.running.get(task_id)
@@ -82,7 +96,7 @@ class Board:
     def finish(self, task_id: str) -> None:
         if self.running.pop(task_id, None) is not None:
             self.done += 1
-        self.dirty = True
+        self._urge()
 
     def view(self) -> dict[str, Any]:
         now = time.time()
@@ -114,7 +128,7 @@ class Board:
 
     def save(self) -> None:
         """Write the state file (blocking: fsync; call it from a thread)."""
-        self.dirty = False
+        self.dirty = self.urgent = False
         data = json.dumps(self.view(), ensure_ascii=False, indent=2) + "\n"
         atomic_write(self.path, data.encode("utf-8"), make_parent=True)
 
