@@ -15,7 +15,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 JS_SDK := $(VENV)/js
-CLI_DIR := $(VENV)/js/cli
+# The coding-agent CLIs (1.8 GB) live in the user's cache, one directory per pinned
+# release, installed once per machine and shared by every checkout: a clean clone (CI)
+# does not fetch and unpack them again. CLI_DIR=… puts them elsewhere.
+CLI_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/melchior/cli
 
 .PHONY: setup run demo test test-slow test-streaming lint bench clean js-sdk clis bump-clis screenshots
 

@@ -2,9 +2,10 @@
 
 ``scripts/cli-pins`` pins each CLI's releases (newest, oldest supported, and one just
 below the range); ``make clis`` installs each under ``$MELCHIOR_CLI_DIR`` (default
-``.venv/js/cli``). :func:`need` hands a test the binary, or skips it with the reason —
-except on CI, where a missing CLI is a failure: the point of running them there is
-that they run. Off CI a ``newest`` CLI may also come from PATH (never a stand-in).
+``$XDG_CACHE_HOME/melchior/cli``, shared by every checkout). :func:`need` hands a test
+the binary, or skips it with the reason — except on CI, where a missing CLI is a
+failure: the point of running them there is that they run. Off CI a ``newest`` CLI may
+also come from PATH (never a stand-in).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI_DIR = Path(os.environ.get("MELCHIOR_CLI_DIR") or ROOT / ".venv" / "js" / "cli")
+CLI_DIR = Path(
+    os.environ.get("MELCHIOR_CLI_DIR")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "melchior" / "cli"
+)
 ON_CI = os.environ.get("CI", "").lower() == "true"
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
 
