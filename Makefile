@@ -56,8 +56,9 @@ bump-clis: $(STAMP)
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist); every test has ports,
 # databases and runtime directories of its own. PYTEST_WORKERS=0 runs it in this one.
 # Four on a 2-core machine: most tests wait on subprocesses, sockets and databases (with
-# two workers the suite kept 1.15 cores busy, with four 1.7), so four take 11 minutes where
-# two took 18 (docs/benchmarks.md, "The test suite's wall time").
+# two workers the suite kept 1.15 cores busy, with four 1.7), so four took 11 minutes where
+# two took 18; with the start-up costs cut, about 7 (docs/benchmarks.md, "The test suite's
+# wall time").
 # A worker that runs out of tests takes some of another's queue (--dist worksteal), so the
 # run does not end on one worker still holding a few long ones.
 PYTEST_WORKERS ?= 4
@@ -65,8 +66,9 @@ PYTEST_WORKERS ?= 4
 # The suite starts about two thousand Python processes (relays, receivers, commands,
 # bridges). With $$PYTHONDONTWRITEBYTECODE set, as some machines and CI images do, each
 # of them compiled every module of ours it imported from source again (a relay's start
-# went from 0.38 to 0.53 s of CPU), and every worker re-did pytest's assertion rewriting:
-# a test run writes the bytecode caches (__pycache__/, ignored by git) whatever it says.
+# took 0.48-0.58 s of CPU, 0.30-0.32 s with the caches), and every worker re-did pytest's
+# assertion rewriting. So a test run writes the bytecode caches (__pycache__/, ignored by
+# git) whatever it says.
 test: $(STAMP) js-sdk clis
 	PYTHONDONTWRITEBYTECODE= A2A_JS_SDK_DIR=$(abspath $(JS_SDK)) MELCHIOR_CLI_DIR=$(abspath $(CLI_DIR)) \
 		$(BIN)/pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist worksteal) $(PYTEST_ARGS)
