@@ -132,14 +132,40 @@ _RAW_WIRE = "must be its bytes in base64 (standard or URL-safe alphabet, padded 
 _RAW_CANONICAL = "must be its bytes in standard base64 with padding, as ProtoJSON writes bytes"
 
 
+class GivenTwice(ValueError):
+    """One field given under both its names: ``field`` is its JSON name, ``why`` the rest
+    of the sentence (each reader says where the object was)."""
+
+    def __init__(self, field: str, proto: str) -> None:
+        self.field = field
+        self.why = f"given twice, as {field!r} and as {proto!r}"
+        super().__init__(f"{field}: {self.why}")
+
+
+def json_named(obj: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """``obj`` with the fields ``names`` maps (proto name → JSON name) under their JSON
+    names, the others untouched. A ProtoJSON parser must accept both spellings ("parsers
+    accept both the lowerCamelCase name … and the original proto field name"); one field
+    given both ways is :class:`GivenTwice`. The one rule for the relay's requests and for
+    a part's fields alike; only the keys of ``obj`` itself are renamed."""
+    if not any(k in names for k in obj):
+        return obj
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        target = names.get(key, key)
+        if target in out:
+            proto = key if key != target else next(p for p, j in names.items() if j == target)
+            raise GivenTwice(target, proto)
+        out[target] = value
+    return out
+
+
 def _json_names(part: dict[str, Any]) -> dict[str, Any]:
     """``part`` with its proto-named fields under their JSON names (others untouched)."""
-    if not any(k in PART_PROTO_NAMES for k in part):
-        return part
-    for proto, name in PART_PROTO_NAMES.items():
-        if proto in part and name in part:
-            raise PartError(name, f"given twice, as {name!r} and as {proto!r}")
-    return {PART_PROTO_NAMES.get(k, k): v for k, v in part.items()}
+    try:
+        return json_named(part, PART_PROTO_NAMES)
+    except GivenTwice as exc:
+        raise PartError(exc.field, exc.why) from None
 
 
 def _base64(text: str, *, any_form: bool) -> bool:

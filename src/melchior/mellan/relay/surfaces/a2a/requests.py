@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from melchior.a2a_message import PartError, json_kind, read_part
+from melchior.a2a_message import GivenTwice, PartError, json_kind, json_named, read_part
 from melchior.mellan.rawjson import whole
 from melchior.mellan.relay.store.base import NewPush
 from melchior.mellan.relay.surfaces.a2a.errors import InvalidParams
@@ -60,17 +60,12 @@ SNAKE_OF = {c: s for s, c in CAMEL.items()}
 def camel(obj: dict[str, Any], name: str) -> dict[str, Any]:
     """``obj`` with its proto fields named as ProtoJSON writes them. A parser must accept
     both spellings (ProtoJSON); giving both for one field is refused, naming it. Only the
-    keys of A2A's own structures are renamed, never those inside ``data`` or ``metadata``."""
-    if not any(k in CAMEL for k in obj):
-        return obj
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        target = CAMEL.get(key, key)
-        if target in out:
-            where = f"{name}.{target}" if name != "params" else target
-            raise _bad(where, f"given twice, as {target!r} and as {key!r}")
-        out[target] = value
-    return out
+    keys of A2A's own structures are renamed, never those inside ``data`` or ``metadata``
+    (the rule is :func:`melchior.a2a_message.json_named`, a part's fields' too)."""
+    try:
+        return json_named(obj, CAMEL)
+    except GivenTwice as exc:
+        raise _bad(f"{name}.{exc.field}" if name != "params" else exc.field, exc.why) from None
 
 
 def _bad(field_name: str, why: str) -> InvalidParams:
