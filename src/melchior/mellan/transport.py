@@ -120,10 +120,8 @@ def ssl_context(tls: ClientTls) -> ssl.SSLContext:
     try:
         if tls.ca_file is not None:
             ctx = ssl.create_default_context(cafile=str(tls.ca_file))
-        else:
-            import certifi
-
-            ctx = ssl.create_default_context(cafile=certifi.where())
+        else:  # the public roots in a context of its own, for the certificate added below
+            ctx = public_roots.__wrapped__()
     except FileNotFoundError:
         raise TransportError(f"CA file {tls.ca_file} does not exist") from None
     except (OSError, ssl.SSLError) as exc:

@@ -49,7 +49,7 @@ class Running:
 class Board:
     """The receiver's live state; ``dirty`` tells the writer there is something to save,
     ``urgent`` that it is a task starting or ending — what ``mellan receiver status`` is
-    asked first — written at the writer's next tick rather than its next half second (a
+    asked first — written at once rather than at the writer's next half second (a
     caller's ``send --wait`` returns in milliseconds, and a status read right after it
     showed the finished task still running)."""
 

@@ -427,9 +427,9 @@ async def accept(
             return Taken(went, False)  # a turn on: its earlier turns are there to read
         return Taken(await _not_new(relay, caller, req, went), False)
     if listen is not None:
-        decided = dataclasses.replace(decided, id=str(uuid.uuid4()))
-        assert decided.id is not None
-        listen(decided.id)
+        task_id = str(uuid.uuid4())  # the form the store gives the ids it makes
+        decided = dataclasses.replace(decided, id=task_id)
+        listen(task_id)
     try:
         stored = await relay.batcher.enqueue(decided)
     except StoreUnavailable as lost:
